@@ -1,0 +1,132 @@
+"""The exception tree of host_kernel, shared by the Host and the kernel side.
+
+Every refusal carries a stable ``code`` and a sentence that a person or a model
+can act on. The tree::
+
+    HostKernelError
+    ├── HostCallError           a call from the kernel that the Host refused
+    │   ├── CallRefused         no cell running, stale token, unknown call
+    │   ├── BadArguments        wrong types, missing or malformed arguments
+    │   ├── PathRefused         a path outside the workspace or into the record
+    │   ├── FileProblem         missing file, directory given, edit ambiguity
+    │   └── StorageError        the record or blob store could not be written
+    ├── SubmissionRefused       submit_output checks failed (carries the Verdict)
+    ├── RecordError             the record cannot be read or is inconsistent
+    └── KernelError             the kernel could not be started or reached
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BadArguments",
+    "CallRefused",
+    "FileProblem",
+    "HostCallError",
+    "HostKernelError",
+    "KernelError",
+    "PathRefused",
+    "RecordError",
+    "StorageError",
+    "SubmissionRefused",
+    "error_for_code",
+]
+
+
+class HostKernelError(Exception):
+    """Base class of every error host_kernel raises on purpose."""
+
+    code: str = "host_kernel_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"type": type(self).__name__, "code": self.code, "message": self.message}
+
+
+class HostCallError(HostKernelError):
+    """A call made by cell code through ``host`` that the Host did not carry out."""
+
+    code = "call_failed"
+
+
+class CallRefused(HostCallError):
+    """The call arrived outside any cell, with an old token, or names no known call."""
+
+    code = "call_refused"
+
+
+class BadArguments(HostCallError):
+    """Arguments of the wrong type, missing, or out of bounds."""
+
+    code = "bad_arguments"
+
+
+class PathRefused(HostCallError):
+    """A path that leads outside the workspace, or into the record folder."""
+
+    code = "path_refused"
+
+
+class FileProblem(HostCallError):
+    """The file is missing, is a directory, or an edit did not match exactly once."""
+
+    code = "file_problem"
+
+
+class StorageError(HostCallError):
+    """The Host could not store what it was asked to (disk full, I/O error)."""
+
+    code = "storage_error"
+
+
+class SubmissionRefused(HostKernelError):
+    """``submit_output`` was refused; ``verdict`` holds every check."""
+
+    code = "submission_refused"
+
+    def __init__(self, message: str, verdict: Any = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
+class RecordError(HostKernelError):
+    """The record could not be read, or it is not what it claims to be."""
+
+    code = "record_error"
+
+
+class KernelError(HostKernelError):
+    """The kernel could not be started, reached, or restarted."""
+
+    code = "kernel_error"
+
+
+_BY_TYPE: dict[str, type[HostKernelError]] = {
+    cls.__name__: cls
+    for cls in (
+        HostKernelError,
+        HostCallError,
+        CallRefused,
+        BadArguments,
+        PathRefused,
+        FileProblem,
+        StorageError,
+        RecordError,
+        KernelError,
+    )
+}
+
+
+def error_for_code(type_name: str, code: str, message: str) -> HostKernelError:
+    """Rebuild an error sent over the wire (kernel side) from its type name and code."""
+    cls = _BY_TYPE.get(type_name, HostCallError)
+    return cls(message, code=code)

@@ -1,0 +1,224 @@
+"""The values that cross a boundary: observations, receipts, artifacts, verdicts.
+
+Frozen, slotted dataclasses, each serialised one way (``to_dict`` /
+``from_dict``). The kernel side rebuilds them from the Host's JSON for display;
+a value rebuilt or forged in the kernel decides nothing, because the Host
+verifies against its own record, never against these objects.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "Artifact",
+    "Check",
+    "FileChange",
+    "FileRecord",
+    "Observation",
+    "Receipt",
+    "Verdict",
+]
+
+Status = Literal["ok", "error", "timeout", "kernel_died"]
+T = TypeVar("T")
+
+
+def _from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What one executed cell produced, as the Host saw it."""
+
+    cell_id: str
+    status: Status
+    outputs: tuple[dict[str, Any], ...]
+    execution_count: int | None
+    generation: int
+    text: str
+    duration: float = 0.0
+    notice: str | None = None
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outputs"] = list(self.outputs)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """A file the Host wrote for a cell."""
+
+    path: str
+    sha256: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileRecord:
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    """A workspace file a command created, modified or deleted."""
+
+    path: str
+    change: Literal["created", "modified", "deleted"]
+    sha256: str | None
+    size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The Host's own record of one ``host.bash`` command."""
+
+    receipt_id: str
+    cell_id: str
+    generation: int
+    command: str
+    cwd: str
+    executable: str | None
+    executable_sha256: str | None
+    executable_in_workspace: bool
+    path_env: str
+    path_differs: bool
+    env_changed: tuple[str, ...]
+    started: float
+    ended: float
+    duration: float
+    exit_status: int | None
+    signal: int | None
+    timed_out: bool
+    stdout_sha256: str
+    stdout_size: int
+    stderr_sha256: str
+    stderr_size: int
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    changes: tuple[FileChange, ...] = ()
+    changes_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0 and not self.timed_out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Receipt:
+        data = dict(data)
+        data["env_changed"] = tuple(data.get("env_changed", ()))
+        data["changes"] = tuple(FileChange(**c) for c in data.get("changes", ()))
+        return _from_dict(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["env_changed"] = list(self.env_changed)
+        d["changes"] = [asdict(c) for c in self.changes]
+        return d
+
+    def outcome(self) -> str:
+        if self.timed_out:
+            return "timed out (process group killed)"
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        return f"exit {self.exit_status}"
+
+    def __repr__(self) -> str:
+        return (f"Receipt({self.receipt_id[:8]}…, {self.command!r}, {self.outcome()}, "
+                f"{self.duration:.3f}s, cell {self.cell_id})")
+
+    def _repr_html_(self) -> str:
+        rows = [
+            ("receipt", self.receipt_id),
+            ("command", self.command),
+            ("outcome", self.outcome()),
+            ("cwd", self.cwd),
+            ("executable", f"{self.executable or '?'}"
+             + (" (inside the workspace)" if self.executable_in_workspace else "")),
+            ("PATH", "differs from launch" if self.path_differs else "as launched"),
+            ("duration", f"{self.duration:.3f} s"),
+            ("stdout", f"{self.stdout_size} bytes, sha256 {self.stdout_sha256[:12]}…"),
+            ("stderr", f"{self.stderr_size} bytes, sha256 {self.stderr_sha256[:12]}…"),
+            ("changes", ", ".join(f"{c.change} {c.path}" for c in self.changes) or "none"),
+        ]
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'><code>{html.escape(str(v))}</code></td></tr>"
+                       for k, v in rows)
+        return f"<table>{body}</table>"
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A file copied into the content-addressed store."""
+
+    artifact_id: str
+    filename: str
+    sha256: str
+    size: int
+    media_type: str
+    cell_id: str
+    generation: int
+    source_path: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Artifact:
+        return _from_dict(cls, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One verifier check: a stable code, whether it passed, and a sentence."""
+
+    code: str
+    ok: bool
+    message: str
+    advisory: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The verifier's answer to one submission."""
+
+    submission_id: str
+    accepted: bool
+    mode: str
+    armed: bool
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+
+    @property
+    def failed(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def explain(self) -> str:
+        if self.accepted:
+            head = f"Submission {self.submission_id} accepted ({self.mode}"
+            head += ", armed)." if self.armed else ")."
+            advice = [c for c in self.checks if not c.ok and c.advisory]
+            if advice:
+                head += " Advice (not blocking): " + " ".join(
+                    f"[{c.code}] {c.message}" for c in advice)
+            return head
+        lines = [f"Submission {self.submission_id} refused; fix each of these and submit again:"]
+        lines += [f"- [{c.code}] {c.message}" for c in self.failed if not c.advisory]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["checks"] = [asdict(c) for c in self.checks]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        data = dict(data)
+        data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        return _from_dict(cls, data)

@@ -1,0 +1,292 @@
+"""Running ``host.bash`` commands in the Host, and the receipt each one leaves.
+
+Owns the process side: ``bash -c`` in its own process group, the kernel's cwd
+and environment, output streamed back as it arrives and stored whole (redacted)
+in the blob store, the timeout enforced on the whole group, the executable the
+first word resolves to, and the workspace files the command changed. It returns
+the receipt body; the Host records it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..store.blobs import FileBlobStore
+from ._workspace import Workspace, file_sha256, snapshot
+
+__all__ = ["CommandContext", "run_command", "resolve_executable", "Redactor"]
+
+TAIL_CHARS = 2_000
+MAX_CHANGES = 200
+#: After bash exits, how long to keep reading pipes that a background child holds open.
+PIPE_GRACE = 1.0
+
+
+class Redactor:
+    """Replaces the values of secret-looking environment variables with ``[redacted]``."""
+
+    PATTERNS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+    MIN_LEN = 4
+
+    def __init__(self, extra_names: Iterable[str] = ()) -> None:
+        self.extra = {n.upper() for n in extra_names}
+        self._values: set[str] = set()
+        self._bytes: list[bytes] = []
+
+    def is_secret_name(self, name: str) -> bool:
+        upper = name.upper()
+        return upper in self.extra or any(p in upper for p in self.PATTERNS)
+
+    def learn(self, env: Mapping[str, str]) -> None:
+        new = {v for k, v in env.items()
+               if isinstance(v, str) and len(v) >= self.MIN_LEN and self.is_secret_name(k)}
+        if new - self._values:
+            self._values |= new
+            # Longest first, so a secret that contains another is replaced whole.
+            ordered = sorted(self._values, key=len, reverse=True)
+            self._bytes = [v.encode("utf-8", "surrogateescape") for v in ordered]
+
+    def text(self, value: str) -> str:
+        if not self._bytes:
+            return value
+        for secret in sorted(self._values, key=len, reverse=True):
+            if secret in value:
+                value = value.replace(secret, "[redacted]")
+        return value
+
+    def data(self, value: bytes) -> bytes:
+        for secret in self._bytes:
+            if secret in value:
+                value = value.replace(secret, b"[redacted]")
+        return value
+
+    def deep(self, value: Any) -> Any:
+        """Redact every string inside a JSON-like value."""
+        if not self._bytes:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.deep(v) for v in value]
+        if isinstance(value, dict):
+            return {k: self.deep(v) for k, v in value.items()}
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class CommandContext:
+    """What the Host knows about the session when it runs a command."""
+
+    cell_id: str
+    generation: int
+    workspace: Workspace
+    blobs: FileBlobStore
+    launch_env: Mapping[str, str]
+    redactor: Redactor
+    #: Variables ipykernel sets in its own process; not "changed by the user".
+    ignore_env: frozenset[str] = frozenset()
+
+
+def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
+    """The file the command's first word runs, as bash would find it; None for builtins."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        words = command.split()
+    while words and "=" in words[0] and not words[0].startswith("="):
+        name = words[0].split("=", 1)[0]
+        if not name.isidentifier():
+            break
+        words = words[1:]
+    if not words:
+        return None
+    first = words[0]
+    if "/" in first:
+        candidate = (cwd / first) if not os.path.isabs(first) else Path(first)
+        return str(Path(os.path.realpath(candidate))) if candidate.exists() else None
+    if first in _BASH_ONLY_BUILTINS:
+        return None
+    found = shutil.which(first, path=path_env)
+    if found is None:
+        return None
+    if not os.path.isabs(found):
+        found = str(cwd / found)
+    return os.path.realpath(found)
+
+
+_BASH_ONLY_BUILTINS = frozenset(
+    "cd exit export unset set source . alias eval exec return shift trap wait read "
+    "declare local readonly let type hash ulimit umask builtin command".split()
+)
+
+
+class _Stream:
+    """One output pipe: decode for streaming, redact, and spool to a temp file hashing."""
+
+    def __init__(self, name: str, ctx: CommandContext) -> None:
+        self.name = name
+        self.redactor = ctx.redactor
+        fd, self.tmp = tempfile.mkstemp(dir=ctx.blobs.tmp, prefix=f"put-{name}-")
+        self.file = os.fdopen(fd, "wb")
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.tail = ""
+
+    def feed(self, data: bytes) -> str:
+        data = self.redactor.data(data)
+        self.file.write(data)
+        self.hasher.update(data)
+        self.size += len(data)
+        text = self.decoder.decode(data)
+        self.tail = (self.tail + text)[-TAIL_CHARS:]
+        return text
+
+    def finish(self, blobs: FileBlobStore) -> str:
+        self.file.close()
+        tail = self.decoder.decode(b"", final=True)
+        self.tail = (self.tail + tail)[-TAIL_CHARS:]
+        digest = self.hasher.hexdigest()
+        if blobs.exists(digest):
+            os.unlink(self.tmp)
+        else:
+            # Same commit path as any blob: the spool already holds the bytes.
+            blobs._commit(self.tmp, digest, self.size)
+        return digest
+
+
+def _env_changes(env: Mapping[str, str], launch: Mapping[str, str],
+                 ignore: frozenset[str]) -> list[str]:
+    names = set(env) | set(launch)
+    return sorted(n for n in names if n not in ignore and env.get(n) != launch.get(n))
+
+
+def _changes(ws: Workspace, before: dict[str, tuple[int, int]],
+             after: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for rel in sorted(set(before) | set(after)):
+        if before.get(rel) == after.get(rel):
+            continue
+        if rel not in after:
+            out.append({"path": rel, "change": "deleted", "sha256": None, "size": None})
+        else:
+            change = "created" if rel not in before else "modified"
+            out.append({"path": rel, "change": change,
+                        "sha256": file_sha256(ws.root / rel), "size": after[rel][1]})
+        if len(out) >= MAX_CHANGES:
+            break
+    return out
+
+
+def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | None,
+                ctx: CommandContext, emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run ``bash -c command``; stream its output through ``emit``; return the receipt body."""
+    ws = ctx.workspace
+    ctx.redactor.learn(env)
+    path_env = env.get("PATH", "")
+    executable = resolve_executable(command, cwd, path_env)
+    exe_sha = file_sha256(Path(executable)) if executable else None
+    before, trunc_before = snapshot(ws.root, ws.record)
+
+    started = time.time()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    streams = {proc.stdout: _Stream("stdout", ctx), proc.stderr: _Stream("stderr", ctx)}
+    timed_out = False
+    deadline = None if timeout is None else t0 + timeout
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as sel:
+        for pipe in streams:
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not timed_out:
+                timed_out = True
+                _kill_group(proc)
+            if exited_at is None and proc.poll() is not None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > PIPE_GRACE:
+                break  # a background child holds the pipe; do not wait for it
+            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+            for key, _ in sel.select(wait):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    sel.unregister(key.fileobj)
+                    continue
+                stream = streams[key.fileobj]  # type: ignore[index]
+                text = stream.feed(data)
+                if text:
+                    emit({"stream": stream.name, "text": text})
+    try:
+        returncode = proc.wait(timeout=None if timed_out else (
+            None if deadline is None else max(0.1, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        returncode = proc.wait()
+    if timed_out:
+        _kill_group(proc)
+    for pipe in streams:
+        assert pipe is not None
+        pipe.close()
+    ended = time.time()
+    duration = time.monotonic() - t0
+    out, err = streams.values()
+    out_sha, err_sha = out.finish(ctx.blobs), err.finish(ctx.blobs)
+    after, trunc_after = snapshot(ws.root, ws.record)
+    changes = _changes(ws, before, after)
+    launch_path = ctx.launch_env.get("PATH", "")
+    in_ws = bool(executable) and ws.contains(Path(executable))  # type: ignore[arg-type]
+    return {
+        "receipt_id": str(uuid.uuid4()),
+        "cell_id": ctx.cell_id,
+        "generation": ctx.generation,
+        "command": command,
+        "cwd": str(cwd),
+        "executable": executable,
+        "executable_sha256": exe_sha,
+        "executable_in_workspace": in_ws,
+        "path_env": path_env,
+        "path_differs": path_env != launch_path,
+        "env_changed": _env_changes(env, ctx.launch_env, ctx.ignore_env),
+        "started": started,
+        "ended": ended,
+        "duration": duration,
+        "exit_status": returncode if returncode >= 0 else None,
+        "signal": -returncode if returncode < 0 else None,
+        "timed_out": timed_out,
+        "stdout_sha256": out_sha,
+        "stdout_size": out.size,
+        "stderr_sha256": err_sha,
+        "stderr_size": err.size,
+        "stdout_tail": out.tail,
+        "stderr_tail": err.tail,
+        "changes": changes,
+        "changes_truncated": trunc_before or trunc_after or len(changes) >= MAX_CHANGES,
+    }
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,645 @@
+"""The Host: drives one ipykernel, attributes every call to the cell it runs, keeps the record.
+
+Owns the session lifecycle (unopened → open → closed), kernel generations,
+``execute`` and its Observation, the kernel→Host call channel (which calls
+exist and who may make them), and appending every event to the ledger. Work on
+files, commands and artifacts is delegated to ``_workspace``, ``_bash`` and
+the blob store; verification to ``verify``; rendering to ``_render``.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import mimetypes
+import os
+import queue
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import nbformat
+
+from .. import _version
+from .._errors import (
+    BadArguments,
+    CallRefused,
+    FileProblem,
+    HostCallError,
+    HostKernelError,
+    KernelError,
+)
+from .._ids import mint_cell_id, mint_token, mint_uuid
+from .._models import Artifact, FileRecord, Observation, Receipt
+from ..modes import TaskMode, resolve_task_mode
+from ..store.blobs import FileBlobStore
+from ..store.ledger import Event, SQLiteLedger
+from ._bash import CommandContext, Redactor, run_command
+from ._kernel import KernelGeneration, kernel_env
+from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
+from ._server import CallServer, Emit
+from ._workspace import Workspace
+
+__all__ = ["Host", "HostState"]
+
+#: Seconds the Host waits after interrupting a timed-out cell before restarting.
+INTERRUPT_GRACE = 1.5
+#: How often a waiting Host checks that the kernel process is still alive.
+LIVENESS_POLL = 0.2
+#: Most characters of stream output kept in the record for one cell; past it the
+#: record says how much was dropped.
+RECORD_OUTPUT_LIMIT = 64 * 1024 * 1024
+#: Variables ipykernel sets in its own environment at start-up.
+KERNEL_SET_ENV = frozenset({"MPLBACKEND", "JPY_PARENT_PID", "PYDEVD_DISABLE_FILE_VALIDATION",
+                            "CLICOLOR", "PAGER", "GIT_PAGER", "FORCE_COLOR", "TERM",
+                            "JPY_SESSION_NAME"})
+
+
+class HostState(enum.Enum):
+    UNOPENED = "unopened"  # constructed; no kernel, no record yet
+    OPEN = "open"          # a kernel generation is running and cells may execute
+    CLOSED = "closed"      # kernel stopped, socket removed, ledger closed; terminal
+
+
+@dataclass(frozen=True, slots=True)
+class _RunningCell:
+    cell_id: str
+    generation: int
+    token: str
+
+
+def _default_record_dir(workdir: Path) -> Path:
+    return workdir / ".host_kernel"
+
+
+class Host:
+    """A trusted controller for one ipykernel and its record.
+
+    ``Host(workdir, mode=None, request=None, record_dir=None)``: ``mode`` arms a task
+    mode; without it, ``request`` (the task text) is classified and the mode is only
+    detected. Use as a context manager, or call :meth:`start` and :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        mode: str | None = None,
+        request: str | None = None,
+        record_dir: str | os.PathLike[str] | None = None,
+        *,
+        text_limit: int = DEFAULT_TEXT_LIMIT,
+        startup_timeout: float = 60.0,
+        secret_names: tuple[str, ...] = (),
+        front: str = "api",
+    ) -> None:
+        root = Path(workdir)
+        if not root.is_dir():
+            raise KernelError(f"workdir {workdir} is not a directory")
+        self.workdir = Path(os.path.realpath(root))
+        self.record_dir = Path(os.path.realpath(record_dir or _default_record_dir(self.workdir)))
+        self.mode: TaskMode = resolve_task_mode(request, mode)
+        self.request = request
+        self.text_limit = text_limit
+        self.startup_timeout = startup_timeout
+        self.front = front
+        self.session_id = mint_uuid()
+        self.workspace = Workspace(self.workdir, self.record_dir)
+        self.redactor = Redactor(secret_names)
+        self.state = HostState.UNOPENED
+        self._kernel: KernelGeneration | None = None
+        self._running: _RunningCell | None = None
+        self._old_tokens: set[str] = set()
+        self._pending_access: dict[str, Any] = {}
+        self._exec_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._launch_env: dict[str, str] = {}
+        self._runtime_dir: Path | None = None
+        self._server: CallServer | None = None
+        self.ledger: SQLiteLedger | None = None
+        self.blobs: FileBlobStore | None = None
+        self._calls: dict[str, Callable[[_RunningCell, dict[str, Any], Emit], Any]] = {
+            "ping": self._call_ping,
+            "whoami": self._call_whoami,
+            "write_file": self._call_write_file,
+            "edit_file": self._call_edit_file,
+            "read_file": self._call_read_file,
+            "bash": self._call_bash,
+            "save_artifact": self._call_save_artifact,
+            "load_artifact": self._call_load_artifact,
+            "artifacts": self._call_artifacts,
+            "cell_access": self._call_cell_access,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Host:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Host:
+        if self.state is not HostState.UNOPENED:
+            raise KernelError(f"the Host is {self.state.value}; it can be started once")
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.record_dir, 0o700)
+        self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
+        self.blobs = FileBlobStore(self.record_dir)
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-"))
+        socket_path = str(self._runtime_dir / "host.sock")
+        try:
+            self._server = CallServer(socket_path, self._dispatch)
+            self._launch_env = kernel_env(dict(os.environ))
+            self._launch_env.update({
+                "HOST_KERNEL_SOCKET": socket_path,
+                "HOST_KERNEL_WORKSPACE": str(self.workdir),
+                "HOST_KERNEL_RECORD": str(self.record_dir),
+                "HOST_KERNEL_SESSION": self.session_id,
+            })
+            self.redactor.learn(self._launch_env)
+            self._append("session_started", {
+                "workdir": str(self.workdir), "record_dir": str(self.record_dir),
+                "mode": {"name": self.mode.name, "armed": self.mode.armed,
+                         "signals": list(self.mode.signals)},
+                "request": self.request, "host_version": _version.__version__,
+                "front": self.front,
+            })
+            self._start_generation("start")
+        except BaseException:
+            self._teardown()
+            raise
+        self.state = HostState.OPEN
+        return self
+
+    def close(self) -> None:
+        """Stop the kernel, the call server and the ledger. Safe to call twice."""
+        if self.state is HostState.CLOSED:
+            return
+        if self.state is HostState.OPEN and self.ledger is not None:
+            try:
+                self._append("session_ended", {"generation": self.generation})
+            except HostKernelError:
+                pass
+        self._teardown()
+        self.state = HostState.CLOSED
+
+    def _teardown(self) -> None:
+        if self._kernel is not None:
+            self._kernel.stop()
+            self._kernel = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._runtime_dir is not None:
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime_dir = None
+        if self.ledger is not None:
+            self.ledger.close()
+
+    def _require_open(self) -> None:
+        if self.state is not HostState.OPEN:
+            raise KernelError(f"the Host is {self.state.value}; use it inside `with Host(...)`"
+                              " or call start() first")
+
+    @property
+    def generation(self) -> int:
+        return 0 if self._kernel is None else self._kernel.generation
+
+    @property
+    def kernel_pid(self) -> int | None:
+        return None if self._kernel is None else self._kernel.pid
+
+    def _start_generation(self, reason: str) -> None:
+        previous = self._kernel
+        generation = 1 if previous is None else previous.generation + 1
+        if previous is not None:
+            self._old_tokens.add(previous.token)
+            previous.stop()
+            self._kernel = None
+        token = mint_token()
+        env = dict(self._launch_env)
+        env["HOST_KERNEL_TOKEN"] = token
+        env["HOST_KERNEL_GENERATION"] = str(generation)
+        assert self._runtime_dir is not None
+        self._kernel = KernelGeneration(generation, token, self._runtime_dir, self.workdir, env,
+                                        self.startup_timeout)
+        self._append("generation_started", {"generation": generation, "reason": reason})
+
+    def restart(self, reason: str = "requested") -> int:
+        """Start a fresh kernel: a new generation with a new token. Returns its number."""
+        self._require_open()
+        with self._exec_lock:
+            self._start_generation(reason)
+        return self.generation
+
+    def _append(self, kind: str, body: dict[str, Any]) -> Event:
+        assert self.ledger is not None
+        return self.ledger.append(self.session_id, kind, body)
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, code: str, timeout: float | None = None, *,
+                frontend_cell_id: str | None = None) -> Observation:
+        """Run one cell in the kernel and return what the Host saw."""
+        self._require_open()
+        if not isinstance(code, str):
+            raise BadArguments(f"code must be a str, not {type(code).__name__}")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise BadArguments("timeout must be a positive number of seconds or None")
+        with self._exec_lock:
+            kernel = self._kernel
+            assert kernel is not None
+            cell_id = mint_cell_id()
+            self._append("cell_started", {"cell_id": cell_id, "generation": kernel.generation,
+                                          "code": code, "frontend_cell_id": frontend_cell_id})
+            self._running = _RunningCell(cell_id, kernel.generation, kernel.token)
+            t0 = time.monotonic()
+            try:
+                run = self._run(kernel, code, cell_id, timeout)
+            finally:
+                self._running = None
+            duration = time.monotonic() - t0
+            notice = None
+            if run.status == "kernel_died":
+                old = kernel.generation
+                self._start_generation("kernel_died")
+                notice = (f"The kernel died while running this cell (generation {old}). "
+                          f"The Host started generation {self.generation}: every variable, "
+                          f"import and object in memory is gone. What survives: workspace "
+                          f"files, saved artifacts and the record.")
+            elif run.status == "timeout":
+                if run.stuck:
+                    old = kernel.generation
+                    self._start_generation("timeout")
+                    notice = (f"The cell ran past its {timeout:g} s timeout and did not stop "
+                              f"within {INTERRUPT_GRACE:g} s of an interrupt, so the Host "
+                              f"restarted the kernel: generation {old} → {self.generation}; "
+                              f"in-memory state is gone. Workspace files, artifacts and the "
+                              f"record survive.")
+                else:
+                    notice = (f"The cell ran past its {timeout:g} s timeout; the Host "
+                              f"interrupted it (KeyboardInterrupt). The kernel and its state "
+                              f"are still there (generation {kernel.generation}).")
+            outputs = [self.redactor.deep(o) for o in run.outputs]
+            body: dict[str, Any] = {
+                "cell_id": cell_id, "status": run.status, "execution_count": run.execution_count,
+                "outputs": outputs, "duration": duration, "notice": notice,
+            }
+            if run.dropped_chars:
+                body["dropped_chars"] = run.dropped_chars
+            if run.access is not None:
+                body["access"] = run.access
+            self._append("cell_finished", body)
+            text = self._text(cell_id, run.status, outputs, notice, run.dropped_chars)
+            return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
+                               execution_count=run.execution_count, generation=kernel.generation,
+                               text=text, duration=duration, notice=notice)
+
+    def _text(self, cell_id: str, status: str, outputs: list[dict[str, Any]],
+              notice: str | None, dropped: int) -> str:
+        body = render_outputs(outputs)
+        if dropped:
+            body += f"\n[{dropped} further characters of output were not kept]\n"
+        if not body.strip():
+            body = "(no output)\n" if status in ("ok", "error") else ""
+        body = cut(body, self.text_limit)
+        head = cell_header(cell_id, self.mode.armed)
+        tail = f"\n[{notice}]\n" if notice else ""
+        return head + body + tail
+
+    def _run(self, kernel: KernelGeneration, code: str, cell_id: str,
+             timeout: float | None) -> _Run:
+        kc = kernel.client
+        content = {"code": code, "silent": False, "store_history": True,
+                   "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+        msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
+        msg_id = msg["header"]["msg_id"]
+        kc.shell_channel.send(msg)
+        run = _Run()
+        collector = _Outputs()
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        interrupted_at: float | None = None
+        last_alive_check = now
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and interrupted_at is None:
+                run.status = "timeout"
+                kernel.interrupt()
+                interrupted_at = now
+            if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
+                run.stuck = True
+                break
+            if now - last_alive_check >= LIVENESS_POLL:
+                last_alive_check = now
+                if not kernel.is_alive():
+                    run.status = "kernel_died"
+                    break
+            wait = LIVENESS_POLL
+            if deadline is not None and interrupted_at is None:
+                wait = max(0.0, min(wait, deadline - now))
+            try:
+                reply = kc.get_iopub_msg(timeout=wait)
+            except queue.Empty:
+                continue
+            if reply["parent_header"].get("msg_id") != msg_id:
+                continue
+            mtype = reply["msg_type"]
+            if mtype == "status":
+                if reply["content"].get("execution_state") == "idle":
+                    break
+            elif mtype == "execute_input":
+                run.execution_count = reply["content"].get("execution_count")
+            elif mtype in ("stream", "display_data", "execute_result", "error",
+                           "clear_output", "update_display_data"):
+                collector.add(reply)
+        run.outputs = collector.final
+        run.dropped_chars = collector.dropped
+        if run.status != "kernel_died" and any(o["output_type"] == "error" for o in run.outputs):
+            if run.status == "ok":
+                run.status = "error"
+        run.access = self._pending_access.pop(cell_id, None)
+        if not run.stuck and run.status != "kernel_died":
+            self._drain_shell(kc, msg_id)
+        return run
+
+    @staticmethod
+    def _drain_shell(kc: Any, msg_id: str) -> None:
+        """Take the execute_reply off the shell channel so replies never pile up."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                reply = kc.get_shell_msg(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return
+
+    # ------------------------------------------------------------------ the call channel
+
+    def _dispatch(self, name: str, token: str | None, args: Any, emit: Emit) -> Any:
+        running = self._running
+        kernel = self._kernel
+        generation = None if kernel is None else kernel.generation
+        refusal: str | None = None
+        code = "call_refused"
+        if kernel is None or token is None or token != kernel.token:
+            if token is not None and token in self._old_tokens:
+                code, refusal = "stale_token", ("the call carries the token of an earlier kernel "
+                                                "generation; it is refused")
+            else:
+                code, refusal = "bad_token", "the call carries no valid token for this kernel"
+        elif running is None or running.token != token:
+            code, refusal = "no_cell", ("no cell is running: the Host attributes every call to "
+                                        "the cell it is executing, so calls from threads or "
+                                        "timers that outlive their cell are refused")
+        elif name not in self._calls:
+            code, refusal = "unknown_call", (f"there is no host call named {name!r}; known: "
+                                             f"{', '.join(sorted(self._calls))}")
+        elif not isinstance(args, dict):
+            raise BadArguments("call arguments must be a JSON object")
+        if refusal is not None:
+            self._record_refusal(generation, running, name, code, refusal)
+            raise CallRefused(refusal, code=code)
+        assert running is not None
+        try:
+            return self._calls[name](running, args, emit)
+        except HostCallError as exc:
+            self._record_refusal(generation, running, name, exc.code, exc.message)
+            raise
+
+    def _record_refusal(self, generation: int | None, running: _RunningCell | None, name: str,
+                        code: str, reason: str) -> None:
+        try:
+            self._append("call_refused", {
+                "generation": generation, "cell_id": None if running is None else running.cell_id,
+                "call": name[:200], "code": code, "reason": reason,
+            })
+        except HostKernelError:
+            pass  # the caller still gets the refusal; audit will show a missing ledger
+
+    # -- who am I
+
+    def _call_ping(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        return {"pong": True, "cell_id": cell.cell_id, "generation": cell.generation}
+
+    def _call_whoami(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        return {"cell_id": cell.cell_id, "generation": cell.generation,
+                "session": self.session_id, "workspace": str(self.workdir),
+                "mode": {"name": self.mode.name, "armed": self.mode.armed,
+                         "signals": list(self.mode.signals)}}
+
+    def _call_cell_access(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        # What the kernel's audit hook saw this cell open. The kernel reports it, so
+        # it is lineage evidence, never acceptance evidence (docs/trust.md).
+        self._pending_access[cell.cell_id] = args.get("access")
+        return {"ok": True}
+
+    # -- files
+
+    def _content(self, args: dict[str, Any], key: str) -> bytes:
+        if key + "_b64" in args:
+            raw = args[key + "_b64"]
+            if not isinstance(raw, str):
+                raise BadArguments(f"{key} must be str or bytes")
+            return base64.b64decode(raw)
+        value = args.get(key)
+        if not isinstance(value, str):
+            raise BadArguments(f"{key} must be str (UTF-8 text) or bytes, not "
+                               f"{type(value).__name__}")
+        return value.encode("utf-8", "surrogateescape")
+
+    def _record_write(self, cell: _RunningCell, written: Any, op: str) -> dict[str, Any]:
+        self._append("file_written", {"cell_id": cell.cell_id, "path": written.path,
+                                      "sha256": written.sha256, "size": written.size, "op": op})
+        return {"path": written.path, "sha256": written.sha256, "size": written.size}
+
+    def _call_write_file(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        data = self._content(args, "content")
+        written = self.workspace.write_bytes(args.get("path"), data)
+        return self._record_write(cell, written, "write")
+
+    def _call_edit_file(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        old, new = args.get("old"), args.get("new")
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise BadArguments("edit_file(path, old, new): old and new must both be str")
+        if not old:
+            raise BadArguments("edit_file: old must be non-empty text that appears exactly once")
+        path = args.get("path")
+        rel, data = self.workspace.read_bytes(path)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FileProblem(f"{rel} is not UTF-8 text; edit_file works on text files") from None
+        count = text.count(old)
+        if count != 1:
+            where = "does not appear" if count == 0 else f"appears {count} times"
+            raise FileProblem(f"edit_file: the text to replace {where} in {rel}; it must appear "
+                              f"exactly once (nothing was changed)")
+        written = self.workspace.write_bytes(path, text.replace(old, new, 1).encode("utf-8"))
+        return self._record_write(cell, written, "edit")
+
+    def _call_read_file(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        rel, data = self.workspace.read_bytes(args.get("path"))
+        if args.get("binary"):
+            return {"path": rel, "content_b64": base64.b64encode(data).decode("ascii")}
+        try:
+            return {"path": rel, "content": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            raise FileProblem(f"{rel} is not UTF-8 text; use host.read_file(path, binary=True)"
+                              ) from None
+
+    # -- commands
+
+    def _call_bash(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        command, timeout, env = args.get("command"), args.get("timeout"), args.get("env")
+        if not isinstance(command, str) or not command.strip():
+            raise BadArguments("bash(command): command must be a non-empty str")
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise BadArguments("bash: timeout must be a positive number of seconds or None")
+        if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise BadArguments("bash: env must map str to str")
+        cwd = self.workspace.cwd_for(args.get("cwd"))
+        assert self.blobs is not None
+        ctx = CommandContext(cell.cell_id, cell.generation, self.workspace, self.blobs,
+                             self._launch_env | {"HOST_KERNEL_TOKEN": env.get(
+                                 "HOST_KERNEL_TOKEN", ""), "HOST_KERNEL_GENERATION": str(
+                                 cell.generation)},
+                             self.redactor, KERNEL_SET_ENV)
+        body = run_command(command, cwd, dict(env), timeout, ctx, emit)
+        body = self.redactor.deep(body)
+        self._append("receipt_recorded", body)
+        return body
+
+    # -- artifacts
+
+    def _call_save_artifact(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        path, filename = args.get("path"), args.get("filename")
+        if filename is not None and (not isinstance(filename, str) or not filename.strip()
+                                     or "/" in filename or "\x00" in filename):
+            raise BadArguments("save_artifact: filename must be a plain file name (no '/')")
+        real = self.workspace.resolve(path)
+        if real.is_dir():
+            raise FileProblem(f"{path!r} is a directory; save_artifact takes one file")
+        if not real.exists():
+            raise FileProblem(f"{path!r} does not exist in the workspace")
+        assert self.blobs is not None
+        ref = self.blobs.put_file(real)
+        name = filename or real.name
+        media = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        body = {"artifact_id": mint_uuid(), "filename": name, "sha256": ref.sha256,
+                "size": ref.size, "media_type": media, "cell_id": cell.cell_id,
+                "generation": cell.generation, "source_path": self.workspace.relative(real),
+                "lineage": self._lineage_for(cell, self.workspace.relative(real), ref.sha256)}
+        self._append("artifact_saved", body)
+        return Artifact.from_dict(body).to_dict()
+
+    def _lineage_for(self, cell: _RunningCell, rel: str, sha256: str) -> Any:
+        return None  # filled in by the lineage step
+
+    def _artifact_row(self, artifact_id: object) -> Any:
+        if not isinstance(artifact_id, str):
+            raise BadArguments("artifact_id must be a str (the artifact's UUID)")
+        assert self.ledger is not None
+        rows = self.ledger.query("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
+                                 (artifact_id, self.session_id))
+        if not rows:
+            raise FileProblem(f"no artifact {artifact_id!r} in this session; host.artifacts() "
+                              f"lists them")
+        return rows[0]
+
+    def _call_load_artifact(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        row = self._artifact_row(args.get("artifact_id"))
+        target = args.get("path") or row["filename"]
+        assert self.blobs is not None
+        if self.blobs.hash_of(row["sha256"]) != row["sha256"]:
+            raise FileProblem(f"artifact {row['artifact_id']}'s stored bytes no longer match "
+                              f"its sha256; the store was altered")
+        written = self.workspace.write_bytes(target, self.blobs.read(row["sha256"]))
+        self._append("artifact_loaded", {"cell_id": cell.cell_id,
+                                         "artifact_id": row["artifact_id"], "path": written.path})
+        self._append("file_written", {"cell_id": cell.cell_id, "path": written.path,
+                                      "sha256": written.sha256, "size": written.size,
+                                      "op": "load_artifact"})
+        return {"path": written.path, "sha256": written.sha256, "size": written.size}
+
+    def _call_artifacts(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        assert self.ledger is not None
+        rows = self.ledger.query("SELECT * FROM artifacts WHERE session = ? ORDER BY seq",
+                                 (self.session_id,))
+        return [Artifact(r["artifact_id"], r["filename"], r["sha256"], r["size"],
+                         r["media_type"], r["cell_id"], r["generation"],
+                         r["source_path"]).to_dict() for r in rows]
+
+
+class _Run:
+    """What one execute_request produced, while it is being collected."""
+
+    def __init__(self) -> None:
+        self.status: str = "ok"
+        self.stuck = False
+        self.execution_count: int | None = None
+        self.outputs: list[dict[str, Any]] = []
+        self.dropped_chars = 0
+        self.access: Any = None
+
+
+class _Outputs:
+    """Fold IOPub messages into nbformat v4 outputs, as a notebook frontend would."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, Any]] = []
+        self.kept_chars = 0
+        self.dropped = 0
+        self._clear_pending = False
+
+    def add(self, msg: dict[str, Any]) -> None:
+        mtype = msg["msg_type"]
+        content = msg["content"]
+        if mtype == "clear_output":
+            if content.get("wait"):
+                self._clear_pending = True
+            else:
+                self.outputs.clear()
+            return
+        if mtype == "update_display_data":
+            display_id = content.get("transient", {}).get("display_id")
+            for out in self.outputs:
+                if out.get("_display_id") == display_id and display_id is not None:
+                    out["data"] = content.get("data", {})
+                    out["metadata"] = content.get("metadata", {})
+            return
+        if self._clear_pending:
+            self.outputs.clear()
+            self._clear_pending = False
+        if mtype == "stream":
+            text = content.get("text", "")
+            room = RECORD_OUTPUT_LIMIT - self.kept_chars
+            if len(text) > room:
+                self.dropped += len(text) - max(room, 0)
+                text = text[:max(room, 0)]
+                if not text:
+                    return
+            self.kept_chars += len(text)
+            last = self.outputs[-1] if self.outputs else None
+            if last is not None and last["output_type"] == "stream" and last["name"] == content["name"]:
+                last["text"] += text
+                return
+            self.outputs.append({"output_type": "stream", "name": content["name"], "text": text})
+            return
+        out = dict(nbformat.v4.output_from_msg(msg))
+        display_id = content.get("transient", {}).get("display_id")
+        if display_id:
+            out["_display_id"] = display_id
+        self.outputs.append(out)
+
+    @property
+    def final(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in o.items() if k != "_display_id"} for o in self.outputs]

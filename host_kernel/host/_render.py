@@ -1,0 +1,78 @@
+"""How an Observation reads to an agent: the ``text`` rendering of a cell's outputs.
+
+Owns the text only. The record always keeps the outputs whole; this module cuts
+long text (head and tail kept, the number of characters cut stated), names rich
+outputs by media type and size instead of inlining them, and strips ANSI codes
+from tracebacks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["DEFAULT_TEXT_LIMIT", "cut", "render_outputs", "strip_ansi"]
+
+DEFAULT_TEXT_LIMIT = 12_000
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def cut(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` characters, saying how much went."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    tail = limit - head
+    removed = len(text) - head - tail
+    return (f"{text[:head]}\n[… {removed} characters cut; the record keeps the whole output …]\n"
+            f"{text[-tail:]}")
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(len(v) for v in value)
+    return len(str(value))
+
+
+def _bundle(data: Mapping[str, Any]) -> list[str]:
+    parts: list[str] = []
+    text = data.get("text/plain")
+    if isinstance(text, list):
+        text = "".join(text)
+    for mime, value in data.items():
+        if mime == "text/plain":
+            continue
+        kind = "base64 " if mime.startswith("image/") and mime != "image/svg+xml" else ""
+        parts.append(f"[{mime}: {_size(value)} {kind}characters, kept in the record]")
+    if text is not None:
+        parts.insert(0, text)
+    return parts
+
+
+def render_outputs(outputs: Iterable[Mapping[str, Any]]) -> str:
+    """Render nbformat v4 output dicts as plain text, in order."""
+    pieces: list[str] = []
+    for out in outputs:
+        otype = out.get("output_type")
+        if otype == "stream":
+            pieces.append(out.get("text", ""))
+        elif otype in ("execute_result", "display_data"):
+            prefix = f"Out[{out['execution_count']}]: " if out.get("execution_count") else ""
+            body = "\n".join(_bundle(out.get("data", {})))
+            pieces.append(prefix + body + "\n")
+        elif otype == "error":
+            tb = "\n".join(strip_ansi(line) for line in out.get("traceback", []))
+            pieces.append(f"{out.get('ename')}: {out.get('evalue')}\n{tb}\n")
+    return "".join(pieces)
+
+
+def cell_header(cell_id: str, armed: bool) -> str:
+    return f"[cell id: {cell_id}]\n" if armed else ""

@@ -1,0 +1,176 @@
+"""The workspace: resolving paths that cell code names, and writing files atomically.
+
+Owns the rule of where the kernel's file API may reach: a relative path that
+resolves (symlinks followed) inside the workspace root and outside the record
+folder. It does not decide what gets recorded; the Host does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .._errors import BadArguments, FileProblem, PathRefused, StorageError
+
+__all__ = ["Workspace", "WrittenFile", "snapshot"]
+
+MAX_PATH_CHARS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFile:
+    path: str
+    sha256: str
+    size: int
+
+
+class Workspace:
+    """A root folder and the record folder that must stay out of reach inside it."""
+
+    def __init__(self, root: str | Path, record_dir: str | Path) -> None:
+        self.root = Path(os.path.realpath(root))
+        self.record = Path(os.path.realpath(record_dir))
+
+    # -- resolving
+
+    def resolve(self, path: object, *, what: str = "path") -> Path:
+        """The real absolute path for a workspace-relative ``path``, or PathRefused."""
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if not isinstance(path, str):
+            raise BadArguments(f"{what} must be a str (a workspace-relative path), "
+                               f"not {type(path).__name__}")
+        if not path or "\x00" in path or len(path) > MAX_PATH_CHARS:
+            raise BadArguments(f"{what} must be a non-empty path without NUL bytes, "
+                               f"at most {MAX_PATH_CHARS} characters")
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or os.path.isabs(path):
+            raise PathRefused(f"{path!r} is absolute; give a path relative to the workspace "
+                              f"({self.root})")
+        if ".." in pure.parts:
+            raise PathRefused(f"{path!r} contains '..'; paths must stay inside the workspace")
+        real = Path(os.path.realpath(self.root / pure))
+        if not self.contains(real):
+            raise PathRefused(f"{path!r} resolves to {real}, outside the workspace (a symlink "
+                              f"leads out)")
+        if self.in_record(real):
+            raise PathRefused(f"{path!r} is inside the record folder, which cell code may "
+                              f"not touch")
+        return real
+
+    def contains(self, real: Path) -> bool:
+        return real == self.root or self.root in real.parents
+
+    def in_record(self, real: Path) -> bool:
+        return real == self.record or self.record in real.parents
+
+    def relative(self, real: Path) -> str:
+        return real.relative_to(self.root).as_posix()
+
+    def cwd_for(self, cwd: object) -> Path:
+        """The absolute cwd a command runs in: the kernel's cwd, which must be in the workspace."""
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise BadArguments("cwd must be an absolute path string")
+        real = Path(os.path.realpath(cwd))
+        if not self.contains(real):
+            raise PathRefused(f"the kernel's working directory {cwd} is outside the workspace "
+                              f"({self.root}); os.chdir back into it first")
+        if self.in_record(real):
+            raise PathRefused("the kernel's working directory is inside the record folder")
+        if not real.is_dir():
+            raise FileProblem(f"the working directory {cwd} does not exist")
+        return real
+
+    # -- reading and writing
+
+    def read_bytes(self, path: object) -> tuple[str, bytes]:
+        real = self.resolve(path)
+        if real.is_dir():
+            raise FileProblem(f"{path!r} is a directory, not a file")
+        try:
+            return self.relative(real), real.read_bytes()
+        except FileNotFoundError:
+            raise FileProblem(f"{path!r} does not exist in the workspace") from None
+        except OSError as exc:
+            raise FileProblem(f"cannot read {path!r}: {exc.strerror}") from None
+
+    def write_bytes(self, path: object, data: bytes) -> WrittenFile:
+        """Write atomically: a temp file in the target folder, fsync, rename."""
+        real = self.resolve(path)
+        if real == self.root or real.is_dir():
+            raise FileProblem(f"{path!r} is a directory; give a file path")
+        parent = real.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise FileProblem(f"a parent of {path!r} exists and is not a directory") from None
+        except OSError as exc:
+            raise StorageError(f"cannot create the folder for {path!r}: {exc.strerror}") from None
+        # mkdir may have followed a symlink planted between the checks: look again.
+        if not self.contains(Path(os.path.realpath(parent))):
+            raise PathRefused(f"{path!r}: its folder leads outside the workspace")
+        try:
+            mode = stat.S_IMODE(real.stat().st_mode)
+        except OSError:
+            mode = 0o644
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{real.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(tmp, mode)
+            os.replace(tmp, real)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            if isinstance(exc, OSError):
+                raise StorageError(f"cannot write {path!r}: {exc.strerror}; nothing was "
+                                   f"changed") from None
+            raise
+        return WrittenFile(self.relative(real), hashlib.sha256(data).hexdigest(), len(data))
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, tuple[int, int]], bool]:
+    """(relative path → (mtime_ns, size)) for regular files under root, and a truncated flag."""
+    found: dict[str, tuple[int, int]] = {}
+
+    def walk(folder: str) -> Iterator[os.DirEntry[str]]:
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.path == str(skip) or entry.name in (".git", "__pycache__"):
+                    continue
+                yield from walk(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                yield entry
+
+    prefix = len(str(root)) + 1
+    for entry in walk(str(root)):
+        if len(found) >= limit:
+            return found, True
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        found[entry.path[prefix:].replace(os.sep, "/")] = (st.st_mtime_ns, st.st_size)
+    return found, False

@@ -1,0 +1,165 @@
+"""The ``host`` object inside the kernel: a thin client of the Host.
+
+Runs in the untrusted kernel. Every method is one HTTP call over the Host's
+Unix socket carrying this generation's token; the Host does the work and keeps
+the record. Nothing returned here is evidence: a Receipt or Artifact object in
+the kernel is a copy for display, and the Host verifies against its own record.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._errors import HostCallError, SubmissionRefused, error_for_code
+from .._models import Artifact, FileRecord, Receipt, Verdict
+
+__all__ = ["HostClient"]
+
+
+class HostClient:
+    """Talks to the Host. Created by the kernel extension as ``host``."""
+
+    def __init__(self, socket_path: str, token: str, generation: int) -> None:
+        self._socket_path = socket_path
+        self._token = token
+        self._generation = generation
+        self._http: Any = None  # httpx.Client, made on first use to keep start-up fast
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> HostClient | None:
+        try:
+            return cls(env["HOST_KERNEL_SOCKET"], env["HOST_KERNEL_TOKEN"],
+                       int(env["HOST_KERNEL_GENERATION"]))
+        except (KeyError, ValueError):
+            return None
+
+    def __repr__(self) -> str:
+        return f"<host: Host client, generation {self._generation}>"
+
+    # -- the wire
+
+    def _client(self) -> Any:
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.Client(
+                transport=httpx.HTTPTransport(uds=self._socket_path),
+                base_url="http://host", timeout=httpx.Timeout(None, connect=10.0),
+                headers={"Authorization": f"Bearer {self._token}"},
+            )
+        return self._http
+
+    def _call(self, name: str, **args: Any) -> Any:
+        body = json.dumps(args, ensure_ascii=False).encode("utf-8")
+        result: Any = None
+        error: dict[str, str] | None = None
+        with self._client().stream("POST", f"/call/{name}", content=body,
+                                   headers={"Content-Type": "application/json"}) as response:
+            for line in response.iter_lines():
+                if not line:
+                    continue
+                msg = json.loads(line)
+                if "stream" in msg:
+                    out = sys.stderr if msg["stream"] == "stderr" else sys.stdout
+                    out.write(msg["text"])
+                    out.flush()
+                elif "result" in msg:
+                    result = msg["result"]
+                elif "error" in msg:
+                    error = msg["error"]
+        if error is not None:
+            raise error_for_code(error.get("type", ""), error.get("code", "call_failed"),
+                                 error.get("message", ""))
+        return result
+
+    # -- where am I
+
+    def ping(self) -> dict[str, Any]:
+        """Ask the Host whether this cell's calls reach it; returns the cell id it sees."""
+        return dict(self._call("ping"))
+
+    @property
+    def cell_id(self) -> str:
+        """The Host-minted id of the running cell."""
+        return str(self._call("whoami")["cell_id"])
+
+    @property
+    def generation(self) -> int:
+        return int(self._call("whoami")["generation"])
+
+    @property
+    def mode(self) -> Any:
+        from ..modes import TaskMode
+
+        m = self._call("whoami")["mode"]
+        return TaskMode(m["name"], bool(m["armed"]), tuple(m.get("signals", ())))
+
+    # -- files
+
+    def write_file(self, path: str | os.PathLike[str], content: str | bytes) -> FileRecord:
+        """Have the Host write ``content`` to ``path`` (workspace-relative), atomically."""
+        args: dict[str, Any] = {"path": _path_arg(path)}
+        if isinstance(content, (bytes, bytearray, memoryview)):
+            args["content_b64"] = base64.b64encode(bytes(content)).decode("ascii")
+        elif isinstance(content, str):
+            args["content"] = content
+        else:
+            raise TypeError(f"write_file: content must be str or bytes, not "
+                            f"{type(content).__name__}")
+        return FileRecord.from_dict(self._call("write_file", **args))
+
+    def edit_file(self, path: str | os.PathLike[str], old: str, new: str) -> FileRecord:
+        """Replace the one occurrence of ``old`` with ``new``; refuses zero or several."""
+        return FileRecord.from_dict(self._call("edit_file", path=_path_arg(path), old=old,
+                                               new=new))
+
+    def read_file(self, path: str | os.PathLike[str], *, binary: bool = False) -> Any:
+        """The file's text (or bytes with ``binary=True``)."""
+        result = self._call("read_file", path=_path_arg(path), binary=bool(binary))
+        if binary:
+            return base64.b64decode(result["content_b64"])
+        return result["content"]
+
+    # -- commands
+
+    def bash(self, command: str, timeout: float | None = None) -> Receipt:
+        """Have the Host run ``bash -c command`` here, streaming output; returns the receipt.
+
+        A non-zero exit does not raise: read ``receipt.exit_status``.
+        """
+        if not isinstance(command, str):
+            raise TypeError(f"bash: command must be str, not {type(command).__name__}")
+        return Receipt.from_dict(self._call("bash", command=command, timeout=timeout,
+                                            cwd=os.getcwd(), env=dict(os.environ)))
+
+    # -- artifacts
+
+    def save_artifact(self, path: str | os.PathLike[str], filename: str | None = None) -> Artifact:
+        """Copy a workspace file into the content-addressed store, with lineage."""
+        return Artifact.from_dict(self._call("save_artifact", path=_path_arg(path),
+                                             filename=filename))
+
+    def load_artifact(self, artifact_id: str, path: str | None = None) -> str:
+        """Materialise an artifact's bytes into the workspace; returns the path written."""
+        return str(self._call("load_artifact", artifact_id=artifact_id, path=path)["path"])
+
+    def artifacts(self) -> list[Artifact]:
+        """This session's artifacts, oldest first."""
+        return [Artifact.from_dict(a) for a in self._call("artifacts")]
+
+    # -- reporting the audit hook's findings (used by the extension)
+
+    def _report_access(self, access: dict[str, Any]) -> None:
+        try:
+            self._call("cell_access", access=access)
+        except HostCallError:
+            pass
+
+
+def _path_arg(path: Any) -> Any:
+    return os.fspath(path) if isinstance(path, os.PathLike) else path

@@ -1,0 +1,197 @@
+"""The blob store: bytes addressed by their sha256, written atomically.
+
+Layout under the store's root::
+
+    blobs/sha256/ab/abcdef…   one file per distinct content, read-only
+    tmp/                      partial copies; never visible under blobs/
+
+A put copies in one pass that hashes while it writes, fsyncs, and renames into
+place; identical bytes are stored once. A Host killed mid-put leaves at most a
+file in ``tmp/``, which :meth:`FileBlobStore.sweep` removes.
+
+This module owns the local-filesystem default. :class:`BlobStore` is the seam
+for another backend (object storage).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from .._errors import StorageError
+
+__all__ = ["BlobRef", "BlobStore", "FileBlobStore", "EMPTY_SHA256"]
+
+CHUNK = 1024 * 1024
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    sha256: str
+    size: int
+
+
+class BlobStore(Protocol):
+    def put_file(self, path: str | Path) -> BlobRef: ...
+
+    def put_bytes(self, data: bytes) -> BlobRef: ...
+
+    def open(self, sha256: str) -> BinaryIO: ...
+
+    def exists(self, sha256: str) -> bool: ...
+
+    def hash_of(self, sha256: str) -> str | None: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileBlobStore:
+    """Blobs as read-only files under ``root/blobs/sha256``."""
+
+    def __init__(self, root: str | Path, *, durable: bool = True) -> None:
+        self.root = Path(root)
+        self.blobs = self.root / "blobs" / "sha256"
+        self.tmp = self.root / "tmp"
+        self.durable = durable
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, sha256: str) -> Path:
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise ValueError(f"not a sha256 digest: {sha256!r}")
+        return self.blobs / sha256[:2] / sha256
+
+    # -- writing
+
+    def put_file(self, path: str | Path) -> BlobRef:
+        """Copy ``path`` in, hashing while copying. Returns what was actually stored."""
+        try:
+            src = open(path, "rb")
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc.strerror}") from exc
+        with src:
+            return self._put_stream(src)
+
+    def put_bytes(self, data: bytes) -> BlobRef:
+        digest = hashlib.sha256(data).hexdigest()
+        if self.exists(digest):
+            return BlobRef(digest, len(data))
+        fd, tmp = self._tempfile()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                self._sync(out)
+            return self._commit(tmp, digest, len(data))
+        except BaseException as exc:
+            self._discard(tmp)
+            raise self._storage_error(exc) from exc
+
+    def _put_stream(self, src: BinaryIO) -> BlobRef:
+        fd, tmp = self._tempfile()
+        hasher = hashlib.sha256()
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                buf = bytearray(CHUNK)
+                view = memoryview(buf)
+                while True:
+                    n = src.readinto(view)  # type: ignore[attr-defined]
+                    if not n:
+                        break
+                    chunk = view[:n]
+                    hasher.update(chunk)
+                    out.write(chunk)
+                    size += n
+                self._sync(out)
+            return self._commit(tmp, hasher.hexdigest(), size)
+        except BaseException as exc:
+            self._discard(tmp)
+            raise self._storage_error(exc) from exc
+
+    def _tempfile(self) -> tuple[int, str]:
+        try:
+            return tempfile.mkstemp(dir=self.tmp, prefix="put-")
+        except OSError as exc:
+            raise StorageError(f"cannot create a temporary file in the blob store: {exc.strerror}") from exc
+
+    def _sync(self, out: BinaryIO) -> None:
+        out.flush()
+        if self.durable:
+            os.fsync(out.fileno())
+
+    def _commit(self, tmp: str, digest: str, size: int) -> BlobRef:
+        final = self.path(digest)
+        if final.exists():
+            os.unlink(tmp)
+            return BlobRef(digest, size)
+        final.parent.mkdir(exist_ok=True)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, final)
+        if self.durable:
+            _fsync_dir(final.parent)
+        return BlobRef(digest, size)
+
+    @staticmethod
+    def _discard(tmp: str) -> None:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+    @staticmethod
+    def _storage_error(exc: BaseException) -> BaseException:
+        if isinstance(exc, StorageError) or not isinstance(exc, OSError):
+            return exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StorageError("the record's disk is full; nothing was stored")
+        return StorageError(f"cannot write to the blob store: {exc.strerror or exc}")
+
+    def sweep(self) -> int:
+        """Remove leftovers of interrupted puts. Returns how many were removed."""
+        removed = 0
+        for leftover in self.tmp.glob("put-*"):
+            leftover.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+    # -- reading
+
+    def open(self, sha256: str) -> BinaryIO:
+        return open(self.path(sha256), "rb")
+
+    def read(self, sha256: str) -> bytes:
+        with self.open(sha256) as f:
+            return f.read()
+
+    def exists(self, sha256: str) -> bool:
+        return self.path(sha256).exists()
+
+    def hash_of(self, sha256: str) -> str | None:
+        """Re-hash the stored bytes; None when the blob is missing."""
+        try:
+            f = self.open(sha256)
+        except FileNotFoundError:
+            return None
+        with f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def __iter__(self) -> Iterator[str]:
+        for sub in sorted(self.blobs.iterdir()):
+            if sub.is_dir():
+                for blob in sorted(sub.iterdir()):
+                    yield blob.name
