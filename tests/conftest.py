@@ -1,0 +1,70 @@
+"""Shared fixtures: real Hosts over real ipykernels, and a check that none leak."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from host_kernel import Host
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (Linux /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_kernels() -> Iterator[None]:
+    before = _children(os.getpid())
+    runtime_before = set(Path(tempfile.gettempdir()).glob("hk-*"))
+    yield
+    leftover = _children(os.getpid()) - before
+    assert not leftover, f"processes left running by the suite: {sorted(leftover)}"
+    runtime_after = set(Path(tempfile.gettempdir()).glob("hk-*")) - runtime_before
+    assert not runtime_after, f"runtime folders (sockets) left behind: {runtime_after}"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def host(workdir: Path) -> Iterator[Host]:
+    with Host(workdir) as h:
+        yield h
+
+
+@pytest.fixture
+def armed_host(workdir: Path) -> Iterator[Host]:
+    with Host(workdir, mode="reusable_pipeline") as h:
+        yield h
+
+
+def run_ok(host: Host, code: str, timeout: float | None = 60) -> str:
+    """Execute a cell that must succeed; return its text."""
+    obs = host.execute(code, timeout=timeout)
+    assert obs.status == "ok", obs.text
+    return obs.text
