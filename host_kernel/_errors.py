@@ -6,7 +6,7 @@ can act on. The tree::
     HostKernelError
     ├── HostCallError           a call from the kernel that the Host refused
     │   ├── CallRefused         no cell running, stale token, unknown call
-    │   ├── BadArguments        wrong types, missing or malformed arguments
+    │   ├── BadArguments        wrong types, missing or malformed arguments (TypeError too)
     │   ├── PathRefused         a path outside the workspace or into the record
     │   ├── FileProblem         missing file, directory given, edit ambiguity
     │   └── StorageError        the record or blob store could not be written
@@ -64,8 +64,8 @@ class CallRefused(HostCallError):
     code = "call_refused"
 
 
-class BadArguments(HostCallError):
-    """Arguments of the wrong type, missing, or out of bounds."""
+class BadArguments(HostCallError, TypeError):
+    """Arguments of the wrong type, missing, or out of bounds (also a ``TypeError``)."""
 
     code = "bad_arguments"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,12 +36,20 @@ def _children(pid: int) -> set[int]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_kernels() -> Iterator[None]:
+    """Every kernel, command and socket folder the suite starts is gone at its end."""
     before = _children(os.getpid())
-    runtime_before = set(Path(tempfile.gettempdir()).glob("hk-*"))
-    yield
+    # Hosts make their socket folders with tempfile; give this run a folder of its own.
+    own_tmp = tempfile.mkdtemp(prefix="hkt-")
+    saved = tempfile.tempdir
+    tempfile.tempdir = own_tmp
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
     leftover = _children(os.getpid()) - before
+    runtime_after = list(Path(own_tmp).glob("hk-*"))
+    shutil.rmtree(own_tmp, ignore_errors=True)
     assert not leftover, f"processes left running by the suite: {sorted(leftover)}"
-    runtime_after = set(Path(tempfile.gettempdir()).glob("hk-*")) - runtime_before
     assert not runtime_after, f"runtime folders (sockets) left behind: {runtime_after}"
 
 
@@ -61,10 +70,3 @@ def host(workdir: Path) -> Iterator[Host]:
 def armed_host(workdir: Path) -> Iterator[Host]:
     with Host(workdir, mode="reusable_pipeline") as h:
         yield h
-
-
-def run_ok(host: Host, code: str, timeout: float | None = 60) -> str:
-    """Execute a cell that must succeed; return its text."""
-    obs = host.execute(code, timeout=timeout)
-    assert obs.status == "ok", obs.text
-    return obs.text

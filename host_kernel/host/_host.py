@@ -56,7 +56,7 @@ RECORD_OUTPUT_LIMIT = 64 * 1024 * 1024
 #: Variables ipykernel sets in its own environment at start-up.
 KERNEL_SET_ENV = frozenset({"MPLBACKEND", "JPY_PARENT_PID", "PYDEVD_DISABLE_FILE_VALIDATION",
                             "CLICOLOR", "PAGER", "GIT_PAGER", "FORCE_COLOR", "TERM",
-                            "JPY_SESSION_NAME"})
+                            "JPY_SESSION_NAME", "CLICOLOR_FORCE", "PYDEVD_USE_FRAME_EVAL"})
 
 
 class HostState(enum.Enum):

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import HostCallError, SubmissionRefused, error_for_code
+from .._errors import BadArguments, HostCallError, SubmissionRefused, error_for_code
 from .._models import Artifact, FileRecord, Receipt, Verdict
 
 __all__ = ["HostClient"]
@@ -109,7 +109,7 @@ class HostClient:
         elif isinstance(content, str):
             args["content"] = content
         else:
-            raise TypeError(f"write_file: content must be str or bytes, not "
+            raise BadArguments(f"write_file: content must be str or bytes, not "
                             f"{type(content).__name__}")
         return FileRecord.from_dict(self._call("write_file", **args))
 
@@ -133,7 +133,7 @@ class HostClient:
         A non-zero exit does not raise: read ``receipt.exit_status``.
         """
         if not isinstance(command, str):
-            raise TypeError(f"bash: command must be str, not {type(command).__name__}")
+            raise BadArguments(f"bash: command must be str, not {type(command).__name__}")
         return Receipt.from_dict(self._call("bash", command=command, timeout=timeout,
                                             cwd=os.getcwd(), env=dict(os.environ)))
 

@@ -1,0 +1,20 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+from host_kernel import Host
+
+
+def run_ok(host: Host, code: str, timeout: float | None = 60) -> str:
+    """Execute a cell that must succeed; return its text."""
+    obs = host.execute(code, timeout=timeout)
+    assert obs.status == "ok", obs.text
+    return obs.text
+
+
+def refusal(host: Host, call: str) -> str:
+    """Run ``call`` in a cell that catches the Host's error; return 'Type code | message'."""
+    obs = host.execute(f"try:\n    {call}\nexcept Exception as e:\n"
+                       f"    print(type(e).__name__, getattr(e, 'code', '?'), '|', e)")
+    assert obs.status == "ok", obs.text
+    return obs.outputs[0]["text"].strip() if obs.outputs else ""

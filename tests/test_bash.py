@@ -1,0 +1,226 @@
+"""host.bash: the Host runs the command, streams its output, and keeps the receipt."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from host_kernel import Host
+from host_kernel.store.blobs import FileBlobStore
+
+from _helpers import run_ok
+
+
+def _receipt(host: Host, cell_id: str) -> dict:  # type: ignore[type-arg]
+    rows = host.ledger.query("SELECT body FROM receipts WHERE cell_id = ?", (cell_id,))
+    assert len(rows) == 1
+    return json.loads(rows[0]["body"])
+
+
+def test_non_zero_exit_is_recorded_not_raised(host: Host) -> None:
+    obs = host.execute("r = host.bash('echo out; echo err >&2; exit 3')\nprint(r.exit_status, r.ok)")
+    assert obs.status == "ok"
+    assert obs.outputs[-1]["text"].strip() == "3 False"
+    rec = _receipt(host, obs.cell_id)
+    assert rec["exit_status"] == 3 and rec["signal"] is None and not rec["timed_out"]
+    assert rec["command"] == "echo out; echo err >&2; exit 3"
+    assert rec["generation"] == 1 and rec["cell_id"] == obs.cell_id
+    store = FileBlobStore(host.record_dir)
+    assert store.read(rec["stdout_sha256"]) == b"out\n"
+    assert store.read(rec["stderr_sha256"]) == b"err\n"
+    assert rec["stdout_size"] == 4
+    # streamed into the cell's own outputs
+    assert {"output_type": "stream", "name": "stderr", "text": "err\n"} in obs.outputs
+
+
+def test_output_streams_before_the_command_ends(host: Host) -> None:
+    code = ("import sys, time\n"
+            "class Stamp:\n"
+            "    def __init__(self, s): self.s, self.t = s, None\n"
+            "    def write(self, x):\n"
+            "        if 'first' in x and self.t is None: self.t = time.monotonic()\n"
+            "        return self.s.write(x)\n"
+            "    def flush(self): self.s.flush()\n"
+            "stamp = Stamp(sys.stdout); real = sys.stdout; sys.stdout = stamp\n"
+            "try:\n"
+            "    host.bash('echo first; sleep 1.5; echo second')\n"
+            "finally:\n"
+            "    sys.stdout = real\n"
+            "done = time.monotonic()\n"
+            "print(round(done - stamp.t, 2))")
+    obs = host.execute(code)
+    assert obs.status == "ok", obs.text
+    assert float(obs.outputs[-1]["text"].split()[-1]) > 1.0
+
+
+def test_timeout_kills_the_whole_process_group(host: Host, workdir: Path) -> None:
+    obs = host.execute(
+        "r = host.bash('sleep 30 & echo $! > child.pid; sleep 30', timeout=1)\n"
+        "print(r.timed_out, r.exit_status, r.signal)"
+    )
+    assert obs.outputs[-1]["text"].split() == ["True", "None", "9"]
+    assert obs.duration < 8
+    pid = int((workdir / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"child {pid} of the timed-out command is still running")
+    assert _receipt(host, obs.cell_id)["timed_out"] is True
+
+
+def test_path_edited_in_the_kernel_is_flagged(host: Host) -> None:
+    obs = host.execute("import os\nos.environ['PATH'] = '/usr/bin:/bin'\nhost.bash('true')")
+    rec = _receipt(host, obs.cell_id)
+    assert rec["path_differs"] is True
+    assert "PATH" in rec["env_changed"]
+
+
+def test_launch_path_is_the_kernels_own_interpreter_first(host: Host) -> None:
+    import sys
+
+    obs = host.execute("r = host.bash('command -v python')")
+    rec = _receipt(host, obs.cell_id)
+    assert rec["path_differs"] is False
+    assert obs.outputs[0]["text"].strip() == os.path.join(os.path.dirname(sys.executable), "python")
+    assert rec["env_changed"] == []
+
+
+def test_workspace_script_as_runner_is_flagged(host: Host, workdir: Path) -> None:
+    run_ok(host, "host.write_file('fake/pytest', '#!/bin/sh\\necho 1 passed\\n')")
+    os.chmod(workdir / "fake/pytest", 0o755)
+    obs = host.execute("import os\nos.environ['PATH'] = os.path.abspath('fake') + ':' + os.environ['PATH']\n"
+                       "host.bash('pytest -q')")
+    rec = _receipt(host, obs.cell_id)
+    assert rec["executable"] == str(workdir / "fake/pytest")
+    assert rec["executable_in_workspace"] is True
+    assert rec["executable_sha256"] == hashlib.sha256((workdir / "fake/pytest").read_bytes()).hexdigest()
+    obs2 = host.execute("host.bash('./fake/pytest')")
+    assert _receipt(host, obs2.cell_id)["executable_in_workspace"] is True
+
+
+def test_secret_values_are_redacted_everywhere_in_the_record(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-live-1234567890abcdef"
+    monkeypatch.setenv("MY_API_KEY", secret)
+    with Host(workdir) as host:
+        _check_redaction(host, secret)
+
+
+def _check_redaction(host: Host, secret: str) -> None:
+    obs = host.execute("import os\nhost.bash('echo key=$MY_API_KEY; echo $MY_API_KEY >&2')")
+    assert secret not in obs.text
+    assert "key=[redacted]" in obs.text
+    rec = _receipt(host, obs.cell_id)
+    store = FileBlobStore(host.record_dir)
+    assert store.read(rec["stdout_sha256"]) == b"key=[redacted]\n"
+    # a later plain print of the secret is redacted in the record too
+    obs2 = host.execute("print(os.environ['MY_API_KEY'])")
+    assert secret not in obs2.text
+    dump = "\n".join(r["body"] for r in host.ledger.query("SELECT body FROM events"))
+    assert secret not in dump
+
+
+def test_a_secret_set_in_the_kernel_is_redacted_from_receipts_and_later_outputs(host: Host) -> None:
+    obs = host.execute("import os\nos.environ['DB_PASSWORD'] = 'hunter2-hunter2'\n"
+                       "host.bash('echo pw=$DB_PASSWORD')")
+    assert "pw=[redacted]" in obs.text
+    rec = _receipt(host, obs.cell_id)
+    assert "DB_PASSWORD" in rec["env_changed"]
+    later = host.execute("print(os.environ['DB_PASSWORD'])")
+    assert "hunter2-hunter2" not in later.text
+    row = host.ledger.query("SELECT outputs FROM cells WHERE cell_id = ?", (later.cell_id,))[0]
+    assert "hunter2-hunter2" not in row["outputs"]
+
+
+def test_changed_workspace_files_are_in_the_receipt(host: Host, workdir: Path) -> None:
+    (workdir / "old.txt").write_text("old")
+    (workdir / "gone.txt").write_text("bye")
+    obs = host.execute("host.bash('echo new > new.txt; echo more >> old.txt; rm gone.txt')")
+    changes = {c["path"]: c for c in _receipt(host, obs.cell_id)["changes"]}
+    assert changes["new.txt"]["change"] == "created"
+    assert changes["new.txt"]["sha256"] == hashlib.sha256(b"new\n").hexdigest()
+    assert changes["old.txt"]["change"] == "modified"
+    assert changes["gone.txt"] == {"path": "gone.txt", "change": "deleted", "sha256": None, "size": None}
+
+
+def test_cwd_is_the_kernels_current_directory(host: Host, workdir: Path) -> None:
+    (workdir / "sub").mkdir()
+    obs = host.execute("import os\nos.chdir('sub')\nhost.bash('pwd')")
+    assert obs.outputs[0]["text"].strip() == str(workdir / "sub")
+    assert _receipt(host, obs.cell_id)["cwd"] == str(workdir / "sub")
+
+
+def test_cwd_outside_the_workspace_is_refused(host: Host) -> None:
+    obs = host.execute("import os\nos.chdir('/tmp')\ntry:\n    host.bash('ls')\n"
+                       "except Exception as e:\n    print(e.code)\nfinally:\n    os.chdir(host_ws)"
+                       .replace("host_ws", repr(str(host.workdir))))
+    assert obs.outputs[-1]["text"].strip() == "path_refused"
+    assert host.ledger.query("SELECT count(*) FROM receipts")[0][0] == 0
+
+
+def test_bash_from_subprocess_leaves_no_receipt(host: Host) -> None:
+    run_ok(host, "import subprocess\nsubprocess.run('true', shell=True)")
+    assert host.ledger.query("SELECT count(*) FROM receipts")[0][0] == 0
+
+
+def test_receipt_renders_readably(host: Host) -> None:
+    obs = host.execute("host.bash('echo hi')")
+    result = obs.outputs[-1]
+    assert result["output_type"] == "execute_result"
+    assert "exit 0" in result["data"]["text/plain"]
+    assert "<table>" in result["data"]["text/html"]
+
+
+def test_a_receipt_rebuilt_in_the_kernel_changes_nothing_in_the_record(host: Host) -> None:
+    obs = host.execute("r = host.bash('exit 1')")
+    run_ok(host, "from host_kernel import Receipt\n"
+                 "d = r.to_dict(); d['exit_status'] = 0\nfake = Receipt.from_dict(d)\nprint(fake.ok)")
+    assert _receipt(host, obs.cell_id)["exit_status"] == 1
+
+
+def test_a_made_up_exit_status_sent_to_the_socket_is_not_a_receipt(host: Host) -> None:
+    code = ("import httpx, os, json\n"
+            "c = httpx.Client(transport=httpx.HTTPTransport(uds=os.environ['HOST_KERNEL_SOCKET']))\n"
+            "r = c.post('http://h/call/bash', headers={'Authorization': 'Bearer ' + os.environ['HOST_KERNEL_TOKEN']},\n"
+            "           json={'command': 'exit 1', 'exit_status': 0, 'cwd': os.getcwd(), 'env': dict(os.environ)})\n"
+            "print(json.loads(r.text.splitlines()[-1])['result']['exit_status'])\n"
+            "r2 = c.post('http://h/call/receipt_recorded', headers={'Authorization': 'Bearer ' + os.environ['HOST_KERNEL_TOKEN']}, json={'exit_status': 0})\n"
+            "print(r2.text)")
+    obs = host.execute(code)
+    first, second = [line for line in obs.outputs[0]["text"].splitlines() if line]
+    assert first == "1"  # the Host ran the command; the claimed exit status was ignored
+    assert "unknown_call" in second
+    assert [r["exit_status"] for r in host.ledger.query("SELECT exit_status FROM receipts")] == [1]
+
+
+def test_writing_into_the_record_folder_from_a_cell_is_caught_by_the_chain(host: Host) -> None:
+    from host_kernel.store.ledger import check_chain
+
+    host.execute("r = host.bash('exit 1')")
+    host.execute(
+        "import sqlite3, os\n"
+        "db = sqlite3.connect(os.path.join(os.environ['HOST_KERNEL_RECORD'], 'ledger.sqlite'))\n"
+        "db.execute(\"UPDATE events SET body = replace(body, '\\\"exit_status\\\":1', '\\\"exit_status\\\":0') WHERE kind = 'receipt_recorded'\")\n"
+        "db.commit()"
+    )
+    assert check_chain(host.ledger), "the cell's edit of the ledger went unnoticed"
+
+
+def test_bad_bash_arguments(host: Host) -> None:
+    from _helpers import refusal
+
+    assert "non-empty str" in refusal(host, "host.bash('')")
+    assert "command must be str" in refusal(host, "host.bash(['ls'])")
+    assert "timeout must be a positive" in refusal(host, "host.bash('true', timeout=-1)")
