@@ -32,12 +32,14 @@ from .._errors import (
     HostCallError,
     HostKernelError,
     KernelError,
+    RecordError,
 )
 from .._ids import mint_cell_id, mint_token, mint_uuid
-from .._models import Artifact, FileRecord, Observation, Receipt
+from .._models import Artifact, Observation, Verdict
 from ..modes import TaskMode, resolve_task_mode
 from ..store.blobs import FileBlobStore
-from ..store.ledger import Event, SQLiteLedger
+from ..store.ledger import Event, SQLiteLedger, check_chain, rebuild
+from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import CommandContext, Redactor, run_command
 from ._kernel import KernelGeneration, kernel_env
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
@@ -132,7 +134,11 @@ class Host:
             "load_artifact": self._call_load_artifact,
             "artifacts": self._call_artifacts,
             "cell_access": self._call_cell_access,
+            "submit_output": self._call_submit_output,
         }
+        #: seq → hash of every event this Host appended: the anchor that an edit of the
+        #: SQLite file (even one that recomputes the whole chain) cannot move.
+        self._appended: dict[int, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -239,7 +245,9 @@ class Host:
 
     def _append(self, kind: str, body: dict[str, Any]) -> Event:
         assert self.ledger is not None
-        return self.ledger.append(self.session_id, kind, body)
+        event = self.ledger.append(self.session_id, kind, body)
+        self._appended[event.seq] = event.hash
+        return event
 
     # ------------------------------------------------------------------ execute
 
@@ -439,6 +447,57 @@ class Host:
         # it is lineage evidence, never acceptance evidence (docs/trust.md).
         self._pending_access[cell.cell_id] = args.get("access")
         return {"ok": True}
+
+    # -- verification
+
+    def _call_submit_output(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        return self.submit(Submission.from_dict(args), submitting_cell=cell.cell_id).to_dict()
+
+    def submit(self, submission: Submission, *, submitting_cell: str | None = None) -> Verdict:
+        """Verify a submission against the record and record the verdict.
+
+        Used by ``host.submit_output`` in a cell and by the agent loop's
+        ``finalize_response``. The checks read a projection rebuilt from the
+        hash-chained events, after the chain and this Host's own event hashes
+        are confirmed, never the projection tables on disk.
+        """
+        self._require_open()
+        assert self.ledger is not None and self.blobs is not None
+        submission_id = mint_uuid()
+        seen: dict[str, str | None] = {}
+        try:
+            trusted = self._trusted_projection()
+            try:
+                view = RecordView(trusted, self.blobs, self.session_id)
+                submit_seq = max(self._appended) + 1
+                verdict, seen = verify(submission, mode=self.mode, view=view,
+                                       files=LiveFiles(self.workdir, self.record_dir),
+                                       submission_id=submission_id, submit_seq=submit_seq,
+                                       submitting_cell=submitting_cell)
+            finally:
+                trusted.close()
+        except RecordError as exc:
+            verdict = unreadable_verdict(submission_id, self.mode, exc)
+        self._append("submission_verdict", {
+            "submission_id": submission_id, "cell_id": submitting_cell,
+            "accepted": verdict.accepted, "verdict": verdict.to_dict(),
+            "submission": self.redactor.deep(submission.to_dict()), "seen": seen,
+        })
+        return verdict
+
+    def _trusted_projection(self) -> SQLiteLedger:
+        """Projections rebuilt from events whose chain and hashes this Host vouches for."""
+        assert self.ledger is not None
+        problems = check_chain(self.ledger)
+        if problems:
+            raise RecordError(f"the ledger's hash chain is broken ({problems[0]})")
+        rows = self.ledger.query("SELECT seq, hash FROM events WHERE session = ?",
+                                 (self.session_id,))
+        on_disk = {r["seq"]: r["hash"] for r in rows}
+        if on_disk != self._appended:
+            raise RecordError("the ledger's events for this session are not the ones this Host "
+                              "wrote (edited behind its back)")
+        return rebuild(self.ledger)
 
     # -- files
 

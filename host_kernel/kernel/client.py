@@ -152,6 +152,38 @@ class HostClient:
         """This session's artifacts, oldest first."""
         return [Artifact.from_dict(a) for a in self._call("artifacts")]
 
+    # -- completion
+
+    def submit_output(self, output: Any, completion_bullets: Any, *, task_status: Any = None,
+                      output_schema: Any = None, source_files: Any = None,
+                      entry_points: Any = None, architecture_summary: Any = None,
+                      test_evidence: Any = None) -> Verdict:
+        """Ask the Host to verify and accept a completion.
+
+        Returns the Verdict when accepted; raises SubmissionRefused (carrying the
+        Verdict, its message listing every failed check) when refused. Both are
+        recorded by the Host.
+        """
+        args: dict[str, Any] = {
+            "completion_bullets": completion_bullets, "task_status": task_status,
+            "output_schema": output_schema, "source_files": source_files,
+            "entry_points": entry_points, "architecture_summary": architecture_summary,
+            "test_evidence": test_evidence,
+        }
+        for key, value in list(args.items()):
+            args[key] = _jsonable(value, key)
+        try:
+            json.dumps(output)
+            args["output"] = output
+        except (TypeError, ValueError, RecursionError) as exc:
+            # Let the Host refuse (and record) it, rather than fail before it is seen.
+            args["output"] = None
+            args["output_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        verdict = Verdict.from_dict(self._call("submit_output", **args))
+        if not verdict.accepted:
+            raise SubmissionRefused(verdict.explain(), verdict)
+        return verdict
+
     # -- reporting the audit hook's findings (used by the extension)
 
     def _report_access(self, access: dict[str, Any]) -> None:
@@ -159,6 +191,15 @@ class HostClient:
             self._call("cell_access", access=access)
         except HostCallError:
             pass
+
+
+def _jsonable(value: Any, key: str) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        raise BadArguments(f"submit_output: {key} must be JSON-serialisable "
+                           f"(lists, dicts, strings, numbers)") from None
+    return value
 
 
 def _path_arg(path: Any) -> Any:

@@ -1,0 +1,606 @@
+"""The verifier: decides whether a submission is backed by the Host's own record.
+
+Owns every check of ``submit_output`` (and the agent loop's
+``finalize_response``) and its stable code. It reads only the record (the
+ledger's projections and the blob store) and the workspace files as they are
+now; it never trusts what the kernel says about itself, never runs code, and
+fails closed when the record cannot be read.
+
+The checks, by code, are listed in :data:`CHECKS`; docs/verification.md
+explains each one. In an armed ``reusable_pipeline`` or ``codebase_change``
+mode every check must pass. In a detected mode the code-declaration checks are
+advice: reported, never refusing. ``analysis_run`` needs no declarations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ._errors import RecordError
+from ._ids import is_cell_id
+from ._models import Check, Verdict
+from .modes import TaskMode
+from .store.blobs import FileBlobStore
+from .store.ledger import Ledger
+
+__all__ = ["CHECKS", "Submission", "verify", "RecordView", "LiveFiles", "RecordedFiles"]
+
+#: Every check code, with the rule it holds. Stable: tools and docs depend on them.
+CHECKS: dict[str, str] = {
+    "record_unreadable": "the Host's record can be read",
+    "output_not_json": "output is a JSON-serialisable dict",
+    "output_too_large": "output stays within the size and depth bounds",
+    "output_schema": "output matches output_schema when one is given",
+    "completion_bullets": "completion_bullets is a list of 1 to 4 non-empty strings",
+    "task_status": "task_status is completed, partial, blocked or failed when given",
+    "claim_unbacked": "every file or artifact that output claims is backed by this session",
+    "artifact_altered": "a claimed artifact's stored bytes still have its sha256",
+    "declarations_missing": "source_files, entry_points, architecture_summary and "
+                            "test_evidence are all given",
+    "source_outside": "each source file is a workspace-relative path inside the workspace",
+    "source_missing": "each source file exists",
+    "source_hash_mismatch": "a declared sha256 matches the file's current bytes",
+    "source_not_saved": "each source file's current bytes were saved as an artifact of "
+                        "this session",
+    "entry_point_not_source": "each entry point is one of the source files",
+    "entry_point_syntax": "each Python entry point compiles (it is never run)",
+    "architecture_summary": "architecture_summary is a non-empty paragraph",
+    "test_evidence_malformed": "test_evidence is a non-empty list of {command, "
+                               "producing_cell_id}",
+    "cell_id_unknown": "producing_cell_id is a cell the Host minted in this session",
+    "cell_unfinished": "the producing cell finished and its output is recorded",
+    "receipt_missing": "the producing cell holds a receipt for exactly that command",
+    "exit_nonzero": "the receipt's exit status is 0",
+    "masked_failure": "the command cannot hide a failing exit status",
+    "runner_substituted": "the command ran the kernel's own runner (PATH not edited, "
+                          "executable not inside the workspace)",
+    "stale_evidence": "the receipt is newer than the current bytes of every source file",
+    "receipt_output_altered": "the receipt's stored output still has its sha256",
+    "no_tests_ran": "the receipt's own output shows at least one test passed",
+    "tests_failed": "the receipt's own output shows no failed or erroring test",
+    "runner_unrecognised": "the verifier can read the runner's summary (pytest, unittest)",
+    "evidence_after_submission": "the submitting cell comes after the producing cell",
+}
+
+STATUSES = ("completed", "partial", "blocked", "failed")
+MAX_OUTPUT_BYTES = 1024 * 1024
+MAX_OUTPUT_DEPTH = 32
+MAX_ENTRIES = 10_000
+
+#: Keys of ``output`` whose values name files or artifacts the submission claims.
+CLAIM_KEY = re.compile(
+    r"^(artifacts?|artifact_ids?|files?|figures?|plots?|output_paths?|outputs?_files?|"
+    r"saved_to|saved_files?|tables?|models?_path|report_path|paths?)$",
+    re.IGNORECASE,
+)
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+#: Shell constructs that can make a failing test command exit 0.
+MASKING = (
+    (re.compile(r"\|\|"), "'||'"),
+    (re.compile(r"(?<![|&])\|(?![|&])"), "a pipe '|'"),
+    (re.compile(r";"), "';'"),
+    (re.compile(r"\n"), "a newline"),
+    (re.compile(r"\$\("), "'$(…)'"),
+    (re.compile(r"`"), "backticks"),
+    (re.compile(r"(^|[\s;&|(])eval(\s|$)"), "'eval'"),
+    (re.compile(r"(?<![&<>])&(?![&>])"), "a background '&'"),
+)
+PYTEST_COUNTS = re.compile(
+    r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a submitter declared. Values are as received: types are checked here."""
+
+    output: Any
+    completion_bullets: Any
+    task_status: Any = None
+    output_schema: Any = None
+    source_files: Any = None
+    entry_points: Any = None
+    architecture_summary: Any = None
+    test_evidence: Any = None
+    #: Set by the Host when the output could not be serialised in the kernel.
+    output_error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Submission:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+# --------------------------------------------------------------------------- what is read
+
+
+class RecordView:
+    """The parts of one session's record the verifier reads, loaded once per verdict."""
+
+    def __init__(self, ledger: Ledger, blobs: FileBlobStore, session: str) -> None:
+        self.ledger = ledger
+        self.blobs = blobs
+        self.session = session
+        q = ledger.query
+        self.cells = {r["cell_id"]: r for r in q(
+            "SELECT cell_id, seq_started, seq_finished, status, outputs, generation "
+            "FROM cells WHERE session = ?", (session,))}
+        self.artifacts = q("SELECT artifact_id, filename, sha256, source_path, seq, ts "
+                           "FROM artifacts WHERE session = ? ORDER BY seq", (session,))
+        self.artifact_shas = {r["sha256"] for r in self.artifacts}
+        self.receipts: dict[str, list[dict[str, Any]]] = {}
+        for r in q("SELECT cell_id, body, seq FROM receipts WHERE session = ? ORDER BY seq",
+                   (session,)):
+            body = json.loads(r["body"])
+            body["_seq"] = r["seq"]
+            self.receipts.setdefault(r["cell_id"], []).append(body)
+        # (path, sha256) → seq of the first event at which the Host saw that content.
+        self.first_seen: dict[tuple[str, str], int] = {}
+        self.written: dict[str, str] = {}  # path → sha256 of the session's last write
+        rows = [(r["seq"], r["path"], r["sha256"]) for r in q(
+            "SELECT seq, path, sha256 FROM writes WHERE session = ? ORDER BY seq", (session,))]
+        for body in (b for bodies in self.receipts.values() for b in bodies):
+            for change in body.get("changes", ()):
+                rows.append((body["_seq"], change["path"], change.get("sha256")))
+        for r in self.artifacts:
+            if r["source_path"]:
+                rows.append((r["seq"], r["source_path"], r["sha256"]))
+        for seq, path, sha in sorted(rows, key=lambda t: t[0]):
+            if sha is not None:
+                self.first_seen.setdefault((path, sha), seq)
+        # Artifacts do not write files; the last write or command change wins.
+        saved = {(r["seq"], r["source_path"], r["sha256"]) for r in self.artifacts}
+        for seq, path, sha in sorted(rows, key=lambda t: t[0]):
+            if (seq, path, sha) in saved:
+                continue
+            if sha is None:
+                self.written.pop(path, None)
+            else:
+                self.written[path] = sha
+
+    def blob_ok(self, sha256: str) -> bool:
+        return self.blobs.hash_of(sha256) == sha256
+
+
+class LiveFiles:
+    """The workspace as it is now: used when the Host verifies a submission."""
+
+    def __init__(self, root: Path, record: Path) -> None:
+        self.root = Path(os.path.realpath(root))
+        self.record = Path(os.path.realpath(record))
+
+    def inside(self, rel: str) -> bool:
+        real = Path(os.path.realpath(self.root / rel))
+        inside = real == self.root or self.root in real.parents
+        in_record = real == self.record or self.record in real.parents
+        return inside and not in_record
+
+    def sha256(self, rel: str) -> str | None:
+        try:
+            with open(self.root / rel, "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError:
+            return None
+
+    def source(self, rel: str) -> bytes | None:
+        try:
+            return (self.root / rel).read_bytes()
+        except OSError:
+            return None
+
+
+class RecordedFiles:
+    """The workspace as the verdict saw it: used by ``audit`` to re-verify offline."""
+
+    def __init__(self, seen: Mapping[str, str | None], blobs: FileBlobStore) -> None:
+        self.seen = seen
+        self.blobs = blobs
+
+    def inside(self, rel: str) -> bool:
+        return True
+
+    def sha256(self, rel: str) -> str | None:
+        return self.seen.get(rel)
+
+    def source(self, rel: str) -> bytes | None:
+        sha = self.seen.get(rel)
+        if sha is None or not self.blobs.exists(sha):
+            return None
+        return self.blobs.read(sha)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+@dataclass
+class _Checks:
+    """The checks of one verdict, and what they read."""
+
+    view: RecordView
+    files: Any  # LiveFiles or RecordedFiles
+    submit_seq: int
+    submitting_cell: str | None
+    advisory: bool = False
+    items: list[Check] = field(default_factory=list)
+
+    def fail(self, code: str, message: str) -> None:
+        self.items.append(Check(code, False, message, self.advisory))
+
+    def ok(self, code: str, message: str = "") -> None:
+        self.items.append(Check(code, True, message or CHECKS[code], self.advisory))
+
+    def passed(self, code: str) -> bool:
+        return not any(c.code == code and not c.ok for c in self.items)
+
+
+def _depth(value: Any, limit: int) -> int:
+    depth, frontier = 0, [value]
+    while frontier:
+        depth += 1
+        if depth > limit:
+            return depth
+        nxt: list[Any] = []
+        for v in frontier:
+            if isinstance(v, dict):
+                nxt.extend(v.values())
+            elif isinstance(v, list):
+                nxt.extend(v)
+        frontier = nxt
+    return depth - 1
+
+
+def _claims(value: Any, under_claim: bool = False, found: list[str] | None = None) -> list[str]:
+    """Strings in ``output`` that name files or artifacts (under claim-like keys)."""
+    found = [] if found is None else found
+    if isinstance(value, dict):
+        for k, v in value.items():
+            claim = under_claim or bool(CLAIM_KEY.match(str(k)))
+            if under_claim and isinstance(v, str) and k not in ("path", "artifact_id", "file",
+                                                               "filename", "id"):
+                continue
+            _claims(v, claim, found)
+    elif isinstance(value, list):
+        for v in value:
+            _claims(v, under_claim, found)
+    elif under_claim and isinstance(value, str) and value.strip():
+        found.append(value.strip())
+    return found
+
+
+def _check_every_mode(sub: Submission, c: _Checks) -> None:
+    out = sub.output
+    if sub.output_error is not None or not isinstance(out, dict):
+        what = sub.output_error or f"it is a {type(out).__name__}"
+        c.fail("output_not_json", f"output must be a JSON-serialisable dict ({what}); pass a "
+                                  f"dict of plain values")
+    else:
+        text = json.dumps(out)
+        if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES or _depth(out, MAX_OUTPUT_DEPTH) > \
+                MAX_OUTPUT_DEPTH:
+            c.fail("output_too_large", f"output is over {MAX_OUTPUT_BYTES} bytes or "
+                                       f"{MAX_OUTPUT_DEPTH} levels deep; save large results as "
+                                       f"artifacts and name them in output")
+        else:
+            c.ok("output_not_json")
+            if sub.output_schema is not None:
+                _check_schema(out, sub.output_schema, c)
+            _check_claims(out, c)
+    bullets = sub.completion_bullets
+    if (not isinstance(bullets, list) or not 1 <= len(bullets) <= 4
+            or not all(isinstance(b, str) and b.strip() for b in bullets)):
+        c.fail("completion_bullets", "completion_bullets must be a list of 1 to 4 non-empty "
+                                     "strings, each saying what was done")
+    else:
+        c.ok("completion_bullets")
+    if sub.task_status is not None and sub.task_status not in STATUSES:
+        c.fail("task_status", f"task_status {sub.task_status!r} is not one of "
+                              f"{', '.join(STATUSES)}")
+    elif sub.task_status is not None:
+        c.ok("task_status")
+
+
+def _check_schema(out: Any, schema: Any, c: _Checks) -> None:
+    import jsonschema
+
+    try:
+        jsonschema.validate(out, schema)
+    except jsonschema.SchemaError as exc:
+        c.fail("output_schema", f"output_schema is not a valid JSON Schema: {exc.message}")
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        c.fail("output_schema", f"output does not match output_schema at {where}: "
+                                f"{exc.message}")
+    else:
+        c.ok("output_schema")
+
+
+def _check_claims(out: dict[str, Any], c: _Checks) -> None:
+    view = c.view
+    claims = _claims(out)
+    by_id = {r["artifact_id"]: r for r in view.artifacts}
+    by_name: dict[str, Any] = {}
+    for r in view.artifacts:
+        by_name[r["filename"]] = r
+        if r["source_path"]:
+            by_name[r["source_path"]] = r
+    problems = 0
+    for claim in claims[:MAX_ENTRIES]:
+        row = by_id.get(claim) or by_name.get(claim) or by_name.get(_norm(claim))
+        if row is not None:
+            if not view.blob_ok(row["sha256"]):
+                problems += 1
+                c.fail("artifact_altered", f"artifact {row['artifact_id']} ({row['filename']})"
+                                           f" no longer matches its sha256 in the store; save "
+                                           f"it again with host.save_artifact")
+            continue
+        rel = _norm(claim)
+        written = view.written.get(rel) if rel else None
+        if written is not None and c.files.sha256(rel) == written:
+            continue
+        problems += 1
+        if UUID.match(claim):
+            c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
+                                     f"host.artifacts() lists the real ids")
+        elif written is not None:
+            c.fail("claim_unbacked", f"{claim!r} changed since this session wrote it; save it "
+                                     f"with host.save_artifact after its last change")
+        else:
+            c.fail("claim_unbacked", f"{claim!r} is not an artifact of this session nor a file "
+                                     f"it wrote through host; save it with "
+                                     f"host.save_artifact({claim!r}) and claim that")
+    if not problems:
+        c.ok("claim_unbacked", f"{len(claims)} claimed file(s)/artifact(s) backed")
+
+
+def _norm(claim: str) -> str | None:
+    if not claim or "\x00" in claim:
+        return None
+    pure = PurePosixPath(claim)
+    if pure.is_absolute() or ".." in pure.parts:
+        return None
+    return pure.as_posix()
+
+
+def _entries(value: Any, key: str) -> list[tuple[str, str | None]] | None:
+    """Normalise source_files / entry_points to (path, declared sha256) pairs."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or len(value) > MAX_ENTRIES:
+        return None
+    out: list[tuple[str, str | None]] = []
+    for item in value:
+        if isinstance(item, str):
+            out.append((item, None))
+        elif isinstance(item, dict) and isinstance(item.get(key), str):
+            sha = item.get("sha256")
+            out.append((item[key], sha if isinstance(sha, str) else None))
+        else:
+            return None
+    return out
+
+
+def _check_declarations(sub: Submission, c: _Checks, seen: dict[str, str | None]) -> None:
+    view, files = c.view, c.files
+    missing = [n for n in ("source_files", "entry_points", "architecture_summary",
+                           "test_evidence") if getattr(sub, n) in (None, [], "", {})]
+    if missing:
+        c.fail("declarations_missing", f"missing {', '.join(missing)}: pass them as keyword "
+                                       f"arguments of host.submit_output")
+    sources = _entries(sub.source_files, "path") if sub.source_files is not None else []
+    if sources is None:
+        c.fail("source_outside", "source_files must be a list of workspace-relative paths or "
+                                 "{'path': …, 'sha256': …} objects")
+        sources = []
+    source_paths: set[str] = set()
+    for path, declared in sources:
+        rel = _norm(path)
+        if rel is None or not files.inside(rel):
+            c.fail("source_outside", f"source file {path!r} is not a path inside the workspace")
+            continue
+        source_paths.add(rel)
+        current = files.sha256(rel)
+        seen[rel] = current
+        if current is None:
+            c.fail("source_missing", f"source file {rel!r} does not exist")
+            continue
+        if declared is not None and declared != current:
+            c.fail("source_hash_mismatch", f"{rel!r}: declared sha256 {declared[:12]}… is not "
+                                           f"the file's current {current[:12]}…")
+        if current not in view.artifact_shas:
+            c.fail("source_not_saved", f"{rel!r}'s current bytes were never saved as an "
+                                       f"artifact of this session; call "
+                                       f"host.save_artifact({rel!r}) after its last change")
+    entries = _entries(sub.entry_points, "path") if sub.entry_points is not None else []
+    for path, _ in entries or []:
+        rel = _norm(path)
+        if rel is None or rel not in source_paths:
+            c.fail("entry_point_not_source", f"entry point {path!r} is not one of the "
+                                             f"declared source_files")
+            continue
+        if rel.endswith(".py"):
+            data = files.source(rel)
+            if data is None:
+                continue  # already reported as source_missing
+            try:
+                compile(data, rel, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                line = getattr(exc, "lineno", None)
+                c.fail("entry_point_syntax", f"entry point {rel!r} does not compile"
+                                             f"{f' (line {line})' if line else ''}: "
+                                             f"{getattr(exc, 'msg', exc)}")
+    if entries is None:
+        c.fail("entry_point_not_source", "entry_points must be a list of paths")
+    summary = sub.architecture_summary
+    if summary is not None and (not isinstance(summary, str) or len(summary.split()) < 5):
+        c.fail("architecture_summary", "architecture_summary must be a paragraph (at least a "
+                                       "sentence) saying what each module owns")
+    _check_evidence(sub, c, source_paths)
+    for code in ("source_outside", "source_missing", "source_hash_mismatch",
+                 "source_not_saved", "entry_point_not_source", "entry_point_syntax",
+                 "architecture_summary", "declarations_missing"):
+        if c.passed(code):
+            c.ok(code)
+
+
+def _check_evidence(sub: Submission, c: _Checks, source_paths: set[str]) -> None:
+    view = c.view
+    evidence = sub.test_evidence
+    if evidence is None:
+        return
+    if not isinstance(evidence, list) or not evidence or len(evidence) > 1000 or not all(
+            isinstance(e, dict) and isinstance(e.get("command"), str)
+            and e.get("producing_cell_id") is not None for e in evidence):
+        c.fail("test_evidence_malformed", "test_evidence must be a non-empty list of "
+                                          "{'command': <exact string run with host.bash>, "
+                                          "'producing_cell_id': <the id from that cell's "
+                                          "[cell id: …] line>}")
+        return
+    # The content of each source file dates from the first event that showed it.
+    newest_source = max((view.first_seen.get((p, sha), 0)
+                         for p in source_paths for sha in [c.files.sha256(p)] if sha),
+                        default=0)
+    for entry in evidence:
+        command, cell_id = entry["command"], entry["producing_cell_id"]
+        label = f"test evidence {command!r}"
+        cell = view.cells.get(cell_id) if isinstance(cell_id, str) else None
+        if cell is None:
+            why = ("a number, like an execution count or cell index, is not a cell id"
+                   if isinstance(cell_id, (int, float)) or (isinstance(cell_id, str)
+                                                            and cell_id.strip().isdigit())
+                   else "that id was not minted by this Host in this session"
+                   if is_cell_id(cell_id) else "it is not a cell id")
+            c.fail("cell_id_unknown", f"{label}: producing_cell_id {cell_id!r} is unknown "
+                                      f"({why}); the real id is on the '[cell id: …]' line "
+                                      f"that begins the Observation of the cell that ran the "
+                                      f"command")
+            continue
+        if cell["seq_finished"] is None or cell["outputs"] is None:
+            c.fail("cell_unfinished", f"{label}: cell {cell_id} has not finished, so its output "
+                                      f"is not recorded; submit in a later cell")
+        if cell["seq_started"] >= c.submit_seq or cell_id == c.submitting_cell:
+            c.fail("evidence_after_submission", f"{label}: cell {cell_id} does not come before "
+                                                f"the submitting cell; run the tests, then "
+                                                f"submit in a later cell")
+        receipts = [r for r in view.receipts.get(cell_id, []) if r["command"] == command]
+        if not receipts:
+            ran = [r["command"] for r in view.receipts.get(cell_id, [])]
+            hint = (f"it ran {ran!r} through host.bash" if ran else
+                    "it ran no command through host.bash (subprocess, os.system and printed "
+                    "output leave no receipt)")
+            c.fail("receipt_missing", f"{label}: cell {cell_id} holds no receipt for exactly "
+                                      f"that command; {hint}")
+            continue
+        receipt = receipts[-1]
+        _check_receipt(label, command, receipt, view, c, newest_source)
+
+
+def _check_receipt(label: str, command: str, receipt: dict[str, Any], view: RecordView,
+                   c: _Checks, newest_source: int) -> None:
+    if receipt.get("timed_out") or receipt.get("exit_status") != 0:
+        c.fail("exit_nonzero", f"{label}: the command "
+                               f"{'timed out' if receipt.get('timed_out') else 'exited ' + str(receipt.get('exit_status'))}"
+                               f"; fix the failure and run it again")
+    masks = [name for pattern, name in MASKING if pattern.search(command)]
+    if masks:
+        c.fail("masked_failure", f"{label}: {', '.join(masks)} can hide a failing exit status; "
+                                 f"run the test command on its own ('&&' and redirections are "
+                                 f"fine)")
+    if receipt.get("path_differs") or receipt.get("executable_in_workspace"):
+        why = ("PATH was edited in the kernel" if receipt.get("path_differs")
+               else f"the executable {receipt.get('executable')} is inside the workspace")
+        c.fail("runner_substituted", f"{label}: {why}; run the real test runner with the "
+                                     f"kernel's own environment")
+    if newest_source and receipt["_seq"] < newest_source:
+        c.fail("stale_evidence", f"{label}: a source file changed after this command ran; "
+                                 f"run the tests again and cite the new cell")
+    sha = receipt.get("stdout_sha256", "")
+    err_sha = receipt.get("stderr_sha256", "")
+    if not (view.blob_ok(sha) and view.blob_ok(err_sha)):
+        c.fail("receipt_output_altered", f"{label}: the recorded output no longer matches its "
+                                         f"sha256; the record was altered")
+        return
+    stdout = view.blobs.read(sha).decode("utf-8", "replace")
+    stderr = view.blobs.read(err_sha).decode("utf-8", "replace")
+    _check_test_output(label, command, stdout, stderr, c)
+
+
+def _check_test_output(label: str, command: str, stdout: str, stderr: str, c: _Checks) -> None:
+    words = re.findall(r"[\w.-]+", command)
+    if "pytest" in words or "py.test" in words:
+        summary = _pytest_summary(stdout + "\n" + stderr)
+        if summary is None:
+            c.fail("no_tests_ran", f"{label}: its output has no pytest result line, so no test "
+                                   f"is shown to have run (--collect-only runs none)")
+            return
+        bad = summary.get("failed", 0) + summary.get("errors", 0) + summary.get("error", 0)
+        if bad:
+            c.fail("tests_failed", f"{label}: pytest reported {summary.get('failed', 0)} "
+                                   f"failed and {summary.get('errors', summary.get('error', 0))}"
+                                   f" errors")
+        elif summary.get("passed", 0) < 1:
+            c.fail("no_tests_ran", f"{label}: pytest passed no test ({summary}); the evidence "
+                                   f"must run at least one test")
+        return
+    if "unittest" in words:
+        ran = re.search(r"^Ran (\d+) tests?", stderr + stdout, re.MULTILINE)
+        if ran is None or int(ran.group(1)) < 1:
+            c.fail("no_tests_ran", f"{label}: unittest ran no test")
+        elif re.search(r"^FAILED \(", stderr + stdout, re.MULTILINE):
+            c.fail("tests_failed", f"{label}: unittest reported FAILED")
+        return
+    c.fail("runner_unrecognised", f"{label}: the verifier reads pytest and unittest results; "
+                                  f"run the tests with 'python -m pytest' or "
+                                  f"'python -m unittest'")
+
+
+def _pytest_summary(text: str) -> dict[str, int] | None:
+    """Counts from the last pytest summary line, or None when there is none."""
+    text = _ANSI.sub("", text)
+    for line in reversed(text.splitlines()):
+        stripped = line.strip().strip("=").strip()
+        if re.search(r" in [\d.]+s( \([\d:]+\))?$", stripped) and (
+                PYTEST_COUNTS.search(stripped) or stripped.startswith("no tests ran")):
+            counts: dict[str, int] = {}
+            for n, what in PYTEST_COUNTS.findall(stripped):
+                counts[what] = counts.get(what, 0) + int(n)
+            return counts
+    return None
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def verify(sub: Submission, *, mode: TaskMode, view: RecordView, files: Any,
+           submission_id: str, submit_seq: int, submitting_cell: str | None
+           ) -> tuple[Verdict, dict[str, str | None]]:
+    """Run every check; returns the Verdict and the source hashes it saw (for audit)."""
+    checks = _Checks(view, files, submit_seq, submitting_cell)
+    seen: dict[str, str | None] = {}
+    _check_every_mode(sub, checks)
+    declared = any(getattr(sub, n) is not None for n in (
+        "source_files", "entry_points", "architecture_summary", "test_evidence"))
+    if mode.enforced:
+        _check_declarations(sub, checks, seen)
+    elif (mode.detected and mode.name != "analysis_run") or declared:
+        advice = _Checks(view, files, submit_seq, submitting_cell, advisory=True)
+        _check_declarations(sub, advice, seen)
+        checks.items.extend(advice.items)
+    accepted = all(c.ok or c.advisory for c in checks.items)
+    return Verdict(submission_id, accepted, mode.name, mode.armed, tuple(checks.items)), seen
+
+
+def unreadable_verdict(submission_id: str, mode: TaskMode, error: Exception) -> Verdict:
+    """Fail closed: the record could not be read, so nothing can be shown to back the claim."""
+    return Verdict(submission_id, False, mode.name, mode.armed, (
+        Check("record_unreadable", False, f"the Host could not read its record ({error}); "
+                                          f"nothing can be accepted until it can"),))
