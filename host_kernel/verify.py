@@ -127,20 +127,28 @@ class Submission:
 class RecordView:
     """The parts of one session's record the verifier reads, loaded once per verdict."""
 
-    def __init__(self, ledger: Ledger, blobs: FileBlobStore, session: str) -> None:
+    def __init__(self, ledger: Ledger, blobs: FileBlobStore, session: str,
+                 before: int | None = None) -> None:
+        """Load ``session``'s record; with ``before``, only what existed before that seq."""
         self.ledger = ledger
         self.blobs = blobs
         self.session = session
-        q = ledger.query
+        self._blob_ok: dict[str, bool] = {}
+        limit = before if before is not None else 2**62
+
+        def q(sql: str, params: tuple[Any, ...]) -> list[Any]:
+            return ledger.query(sql, params + (limit,))
+
         self.cells = {r["cell_id"]: r for r in q(
             "SELECT cell_id, seq_started, seq_finished, status, outputs, generation "
-            "FROM cells WHERE session = ?", (session,))}
+            "FROM cells WHERE session = ? AND seq_started < ?", (session,))}
         self.artifacts = q("SELECT artifact_id, filename, sha256, source_path, seq, ts "
-                           "FROM artifacts WHERE session = ? ORDER BY seq", (session,))
+                           "FROM artifacts WHERE session = ? AND seq < ? ORDER BY seq",
+                           (session,))
         self.artifact_shas = {r["sha256"] for r in self.artifacts}
         self.receipts: dict[str, list[dict[str, Any]]] = {}
-        for r in q("SELECT cell_id, body, seq FROM receipts WHERE session = ? ORDER BY seq",
-                   (session,)):
+        for r in q("SELECT cell_id, body, seq FROM receipts WHERE session = ? AND seq < ? "
+                   "ORDER BY seq", (session,)):
             body = json.loads(r["body"])
             body["_seq"] = r["seq"]
             self.receipts.setdefault(r["cell_id"], []).append(body)
@@ -148,7 +156,8 @@ class RecordView:
         self.first_seen: dict[tuple[str, str], int] = {}
         self.written: dict[str, str] = {}  # path → sha256 of the session's last write
         rows = [(r["seq"], r["path"], r["sha256"]) for r in q(
-            "SELECT seq, path, sha256 FROM writes WHERE session = ? ORDER BY seq", (session,))]
+            "SELECT seq, path, sha256 FROM writes WHERE session = ? AND seq < ? ORDER BY seq",
+            (session,))]
         for body in (b for bodies in self.receipts.values() for b in bodies):
             for change in body.get("changes", ()):
                 rows.append((body["_seq"], change["path"], change.get("sha256")))
@@ -169,7 +178,11 @@ class RecordView:
                 self.written[path] = sha
 
     def blob_ok(self, sha256: str) -> bool:
-        return self.blobs.hash_of(sha256) == sha256
+        """Whether the stored bytes still hash to ``sha256`` (re-hashed once per view)."""
+        known = self._blob_ok.get(sha256)
+        if known is None:
+            known = self._blob_ok[sha256] = self.blobs.hash_of(sha256) == sha256
+        return known
 
 
 class LiveFiles:
@@ -217,6 +230,26 @@ class RecordedFiles:
         if sha is None or not self.blobs.exists(sha):
             return None
         return self.blobs.read(sha)
+
+
+class _Recording:
+    """Wraps a files view and remembers every hash it gave, so audit can re-verify."""
+
+    def __init__(self, files: Any, seen: dict[str, str | None]) -> None:
+        self.files = files
+        self.seen = seen
+
+    def inside(self, rel: str) -> bool:
+        return bool(self.files.inside(rel))
+
+    def sha256(self, rel: str) -> str | None:
+        if rel not in self.seen:
+            self.seen[rel] = self.files.sha256(rel)
+        return self.seen[rel]
+
+    def source(self, rel: str) -> bytes | None:
+        data: bytes | None = self.files.source(rel)
+        return data
 
 
 # --------------------------------------------------------------------------- the checks
@@ -389,7 +422,7 @@ def _entries(value: Any, key: str) -> list[tuple[str, str | None]] | None:
     return out
 
 
-def _check_declarations(sub: Submission, c: _Checks, seen: dict[str, str | None]) -> None:
+def _check_declarations(sub: Submission, c: _Checks) -> None:
     view, files = c.view, c.files
     missing = [n for n in ("source_files", "entry_points", "architecture_summary",
                            "test_evidence") if getattr(sub, n) in (None, [], "", {})]
@@ -409,7 +442,6 @@ def _check_declarations(sub: Submission, c: _Checks, seen: dict[str, str | None]
             continue
         source_paths.add(rel)
         current = files.sha256(rel)
-        seen[rel] = current
         if current is None:
             c.fail("source_missing", f"source file {rel!r} does not exist")
             continue
@@ -584,16 +616,17 @@ def verify(sub: Submission, *, mode: TaskMode, view: RecordView, files: Any,
            submission_id: str, submit_seq: int, submitting_cell: str | None
            ) -> tuple[Verdict, dict[str, str | None]]:
     """Run every check; returns the Verdict and the source hashes it saw (for audit)."""
-    checks = _Checks(view, files, submit_seq, submitting_cell)
     seen: dict[str, str | None] = {}
+    files = _Recording(files, seen)
+    checks = _Checks(view, files, submit_seq, submitting_cell)
     _check_every_mode(sub, checks)
     declared = any(getattr(sub, n) is not None for n in (
         "source_files", "entry_points", "architecture_summary", "test_evidence"))
     if mode.enforced:
-        _check_declarations(sub, checks, seen)
+        _check_declarations(sub, checks)
     elif (mode.detected and mode.name != "analysis_run") or declared:
         advice = _Checks(view, files, submit_seq, submitting_cell, advisory=True)
-        _check_declarations(sub, advice, seen)
+        _check_declarations(sub, advice)
         checks.items.extend(advice.items)
     accepted = all(c.ok or c.advisory for c in checks.items)
     return Verdict(submission_id, accepted, mode.name, mode.armed, tuple(checks.items)), seen
