@@ -1,0 +1,557 @@
+"""Benchmarks of the Host against the bare tools it wraps, measured in one process run.
+
+Owns the benchmark registry, the timing discipline (warm-up, interleaving ours
+with the baseline in the same loop, medians), the console table and the
+markdown report. It does not own what is measured: every benchmark drives the
+public :class:`host_kernel.Host` API and, for its baseline, plain
+jupyter_client, ``subprocess``, ``cp`` or ``hashlib``.
+
+Run ``python -m benchmarks.run [--quick] [--only NAME ...] [--out PATH]``.
+Adding a benchmark is one function decorated with :func:`benchmark`; it gets
+the :class:`Plan` (quick or full) and returns a :class:`Result`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import KernelManager
+
+import host_kernel
+from host_kernel import Host
+
+__all__ = ["BENCHMARKS", "Benchmark", "Limit", "Plan", "Result", "benchmark", "main"]
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "docs" / "benchmarks.md"
+MIB = 1024 * 1024
+#: Prefix of every scratch folder, so a leftover is easy to find (and never looks
+#: like the Host's own ``hk-*`` runtime folders).
+SCRATCH_PREFIX = "host-kernel-bench-"
+
+
+# ---------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much to measure: ``quick`` for a smoke run, else the full counts."""
+
+    quick: bool
+
+    def n(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A secondary target measured alongside the timing (e.g. extra memory)."""
+
+    label: str
+    value: float
+    limit: float
+    unit: str
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit
+
+    def describe(self) -> str:
+        return f"{self.label} {self.value:.1f} {self.unit} (target ≤ {self.limit:g} {self.unit})"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Timings of one benchmark: ours and the baseline, in seconds, from the same run."""
+
+    name: str
+    ours: tuple[float, ...]
+    baseline: tuple[float, ...]
+    target: float
+    limits: tuple[Limit, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ours_median(self) -> float:
+        return statistics.median(self.ours)
+
+    @property
+    def baseline_median(self) -> float:
+        return statistics.median(self.baseline)
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_median / self.baseline_median
+
+    @property
+    def met(self) -> bool:
+        return self.ratio <= self.target and all(lim.met for lim in self.limits)
+
+    def spread(self) -> str:
+        return (f"range ours {fmt_seconds(min(self.ours))}–{fmt_seconds(max(self.ours))}, "
+                f"baseline {fmt_seconds(min(self.baseline))}–{fmt_seconds(max(self.baseline))}")
+
+    def extras(self) -> str:
+        return "; ".join([lim.describe() for lim in self.limits] + list(self.notes)
+                         + [self.spread()])
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    name: str
+    target: float
+    ours: str
+    baseline: str
+    run: Callable[[Plan], Result]
+
+
+#: Every benchmark, in the order they run and are reported.
+BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def benchmark(name: str, *, target: float, ours: str,
+              baseline: str) -> Callable[[Callable[[Plan], Result]], Callable[[Plan], Result]]:
+    """Register a benchmark; ``ours`` and ``baseline`` say in words what each side times."""
+
+    def register(fn: Callable[[Plan], Result]) -> Callable[[Plan], Result]:
+        if name in BENCHMARKS:
+            raise ValueError(f"benchmark {name!r} is registered twice")
+        BENCHMARKS[name] = Benchmark(name, target, ours, baseline, fn)
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def scratch() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def interleaved(n: int, ours: Callable[[], float], baseline: Callable[[], float]
+                ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Measure both ``n`` times in one loop, alternating which goes first."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(n):
+        if i % 2 == 0:
+            a.append(ours())
+            b.append(baseline())
+        else:
+            b.append(baseline())
+            a.append(ours())
+    return tuple(a), tuple(b)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def run_cell(host: Host, code: str) -> float:
+    """Time one ``Host.execute``; a cell that does not end ``ok`` spoils the benchmark."""
+    t0 = time.perf_counter()
+    obs = host.execute(code)
+    elapsed = time.perf_counter() - t0
+    if obs.status != "ok":
+        raise RuntimeError(f"benchmark cell {code!r} ended {obs.status}:\n{obs.text}")
+    return elapsed
+
+
+class _PlainSpec(KernelSpecManager):
+    """A plain ipykernel on this interpreter: the Host's launch line without its extension."""
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
+                                "{connection_file}"],
+                          display_name="Python 3 (plain)", language="python", resource_dir="",
+                          metadata={"debugger": False})
+
+
+class BareKernel:
+    """A plain ipykernel driven with nothing but jupyter_client, over IPC like the Host's."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.runtime = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX + "kernel-"))
+        env = dict(os.environ)
+        env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # as the Host sets it
+        self.env = env
+        self.manager: Any = None
+        self.client: Any = None
+
+    def start(self) -> Self:
+        self.manager = KernelManager(transport="ipc", kernel_name="python3",
+                                     kernel_spec_manager=_PlainSpec(),
+                                     connection_file=str(self.runtime / "kernel.json"))
+        self.manager.start_kernel(cwd=str(self.workdir), env=self.env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+        return self
+
+    def execute(self, code: str) -> None:
+        """execute_request, then the iopub idle status and the shell reply for it."""
+        kc = self.client
+        msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
+        while True:
+            msg = kc.get_iopub_msg(timeout=60)
+            if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"):
+                break
+        while True:
+            reply = kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                if reply["content"]["status"] != "ok":
+                    raise RuntimeError(f"baseline cell {code!r} failed: {reply['content']}")
+                return
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.stop_channels()
+        if self.manager is not None:
+            if self.manager.has_kernel:
+                self.manager.shutdown_kernel(now=True)
+            self.manager.cleanup_resources(restart=False)
+        shutil.rmtree(self.runtime, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RssSampler:
+    """Samples this process's resident memory in a thread; ``extra`` is peak minus start."""
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.start_rss = 0
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc/self/status")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.rss())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Self:
+        self.start_rss = self.peak = self.rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.rss())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.start_rss
+
+
+# ---------------------------------------------------------------------- benchmarks
+
+
+@benchmark("execute_pass", target=1.10,
+           ours='`Host.execute("pass")`: the whole Observation, record appended',
+           baseline='plain ipykernel, jupyter_client `execute("pass")` + iopub idle + shell '
+                    'reply')
+def bench_execute_pass(plan: Plan) -> Result:
+    n = plan.n(200, 30)
+    with scratch() as root:
+        (root / "ours").mkdir()
+        (root / "bare").mkdir()
+        with Host(root / "ours") as host, BareKernel(root / "bare") as bare:
+            for _ in range(20):
+                run_cell(host, "pass")
+                bare.execute("pass")
+            ours, base = interleaved(n, lambda: run_cell(host, "pass"),
+                                     lambda: timed(lambda: bare.execute("pass")))
+    return Result("execute_pass", ours, base, 1.10, notes=(f"{n} runs each",))
+
+
+@benchmark("start", target=1.2,
+           ours="`Host.start()`: record opened, call server up, kernel started and ready",
+           baseline="`KernelManager.start_kernel` + `client.wait_for_ready` (plain ipykernel)")
+def bench_start(plan: Plan) -> Result:
+    n = plan.n(5, 3)
+    with scratch() as root:
+        runs = iter(range(10 * n + 10))
+
+        def ours() -> float:
+            work = root / f"ours-{next(runs)}"
+            work.mkdir()
+            host = Host(work)
+            try:
+                return timed(host.start)
+            finally:
+                host.close()
+
+        def base() -> float:
+            work = root / f"bare-{next(runs)}"
+            work.mkdir()
+            bare = BareKernel(work)
+            try:
+                return timed(bare.start)
+            finally:
+                bare.stop()
+
+        ours(), base()  # warm-up: imports, disk cache
+        a, b = interleaved(n, ours, base)
+    return Result("start", a, b, 1.2, notes=(f"{n} starts each",))
+
+
+def _bash_pair(plan: Plan, name: str, command: str, target: float, full: int, quick: int,
+               warmup: int) -> Result:
+    n = plan.n(full, quick)
+    with scratch() as root, Host(root) as host:
+        run_cell(host, "import subprocess")
+        ours_code = f"_ = host.bash({command!r})"
+        base_code = f"_ = subprocess.run({command!r}, shell=True)"
+        for _ in range(warmup):
+            run_cell(host, ours_code)
+            run_cell(host, base_code)
+        a, b = interleaved(n, lambda: run_cell(host, ours_code),
+                           lambda: run_cell(host, base_code))
+    return Result(name, a, b, target, notes=(f"{n} cells each",))
+
+
+@benchmark("bash_true", target=1.5,
+           ours='a cell running `host.bash("true")` (receipt recorded)',
+           baseline='a cell running `subprocess.run("true", shell=True)`, same Host')
+def bench_bash_true(plan: Plan) -> Result:
+    return _bash_pair(plan, "bash_true", "true", 1.5, 100, 30, warmup=5)
+
+
+@benchmark("bash_1s", target=1.02,
+           ours='a cell running `host.bash("sleep 1")`',
+           baseline='a cell running `subprocess.run("sleep 1", shell=True)`, same Host')
+def bench_bash_1s(plan: Plan) -> Result:
+    return _bash_pair(plan, "bash_1s", "sleep 1", 1.02, 5, 3, warmup=1)
+
+
+def _write_random(path: Path, size: int) -> None:
+    chunk = 4 * MIB
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            f.write(os.urandom(min(chunk, left)))
+            left -= chunk
+
+
+@benchmark("save_artifact_1g", target=1.2,
+           ours="a cell running `host.save_artifact` of a 1 GiB file (64 MiB with --quick)",
+           baseline="max(`cp` of the file, hashlib sha256 of the file), each timed alone")
+def bench_save_artifact(plan: Plan) -> Result:
+    size = MIB * plan.n(1024, 64)
+    n = 3
+    cps: list[float] = []
+    shas: list[float] = []
+    extra = 0
+    with scratch() as root:
+        big, copy = root / "big.bin", root / "big.copy"
+        _write_random(big, size)
+
+        def copy_file(sync: bool) -> float:
+            def run() -> None:
+                subprocess.run(["cp", str(big), str(copy)], check=True)
+                if sync:
+                    fd = os.open(copy, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+
+            t = timed(run)
+            copy.unlink()
+            return t
+
+        def sha() -> float:
+            def digest() -> None:
+                with open(big, "rb") as f:
+                    hashlib.file_digest(f, "sha256")
+
+            return timed(digest)
+
+        def bare() -> float:
+            c, s = copy_file(sync=False), sha()
+            cps.append(c)
+            shas.append(s)
+            return max(c, s)
+
+        with Host(root) as host:
+
+            def save() -> float:
+                nonlocal extra
+                with RssSampler() as rss:
+                    t = run_cell(host, '_a = host.save_artifact("big.bin")')
+                extra = max(extra, rss.extra)
+                return t
+
+            run_cell(host, "pass")
+            copy_file(sync=False), sha()  # warm-up: the file is in the page cache for all
+            ours, base = interleaved(n, save, bare)
+        # Not part of the baseline: what durability costs, since the store fsyncs and cp not.
+        synced = [copy_file(sync=True) for _ in range(n)]
+        big.unlink()
+    return Result(
+        "save_artifact_1g", ours, base, 1.2,
+        limits=(Limit("Host extra peak RSS", extra / MIB, 64, "MiB"),),
+        notes=(f"{size // MIB} MiB file, {n} saves each",
+               (f"medians: cp {fmt_seconds(statistics.median(cps))}, sha256 "
+               f"{fmt_seconds(statistics.median(shas))}, cp + fsync (not in the baseline: "
+               f"the store fsyncs, cp does not) {fmt_seconds(statistics.median(synced))}")))
+
+
+# ---------------------------------------------------------------------- reporting
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 1.0:
+        return f"{s * 1000:.2f} ms"
+    return f"{s:.3f} s"
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu count": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "host_kernel": host_kernel.__version__,
+        "load average at the end (1, 5, 15 min)": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+HEADERS = ("benchmark", "ours (median)", "baseline (median)", "ratio", "target", "met?")
+
+
+def rows(results: list[Result]) -> list[tuple[str, ...]]:
+    return [(r.name, fmt_seconds(r.ours_median), fmt_seconds(r.baseline_median),
+             f"{r.ratio:.3f}×", f"≤ {r.target:g}×", "yes" if r.met else "NO")
+            for r in results]
+
+
+def console_table(results: list[Result]) -> str:
+    table = [HEADERS, *rows(results)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(HEADERS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in results:
+        if r.extras():
+            lines.append(f"  {r.name}: {r.extras()}")
+    return "\n".join(lines)
+
+
+def markdown(results: list[Result], plan: Plan, command: str) -> str:
+    out = ["# Benchmarks", "",
+           ("The Host against the bare tools it wraps, both measured in the same process run "
+            "(warmed up, interleaved in one loop, medians). The ratio is ours ÷ baseline; the "
+            "target is the most overhead the project accepts."), "",
+           f"Produced by `{command}`" + (" (quick run: fewer iterations, smaller files)."
+                                         if plan.quick else "."), "",
+           ("Figures from a shared or busy machine move from run to run (see the load average "
+            "and each benchmark's range below); compare ratios from one run, not across runs."),
+           "",
+           "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    out += ["| " + " | ".join(row) + " |" for row in rows(results)]
+    out += ["", "## What each benchmark times", ""]
+    for r in results:
+        b = BENCHMARKS[r.name]
+        out.append(f"- **{r.name}**: ours is {b.ours}; baseline is {b.baseline}."
+                   + (f" {r.extras()}." if r.extras() else ""))
+    out += ["", "## Machine", ""]
+    out += [f"- {k}: {v}" for k, v in machine().items()]
+    out += ["", ("Rerun with `python -m benchmarks.run` (all, full counts; a few minutes) or "
+            "`python -m benchmarks.run --quick`; see `benchmarks/README.md`."), ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description="Time the Host against bare jupyter_client, subprocess, cp and hashlib, "
+                    "in one process run, and write a markdown report.")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer iterations and a 64 MiB artifact instead of 1 GiB")
+    parser.add_argument("--only", nargs="+", metavar="NAME", choices=list(BENCHMARKS),
+                        help=f"run only these ({', '.join(BENCHMARKS)})")
+    parser.add_argument("--out", metavar="PATH", type=Path, default=None,
+                        help=f"the markdown report (default: {DEFAULT_OUT.relative_to(REPO)}; "
+                             f"with --quick, no report unless --out is given)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    plan = Plan(quick=args.quick)
+    names = args.only or list(BENCHMARKS)
+    out: Path | None = args.out if args.out is not None else (None if plan.quick
+                                                              else DEFAULT_OUT)
+    command = "python -m benchmarks.run" + (" --quick" if plan.quick else "") + (
+        " --only " + " ".join(names) if args.only else "")
+    results: list[Result] = []
+    for name in names:
+        print(f"running {name} ...", flush=True)
+        t0 = time.perf_counter()
+        r = BENCHMARKS[name].run(plan)
+        results.append(r)
+        print(f"  ours {fmt_seconds(r.ours_median)}, baseline {fmt_seconds(r.baseline_median)},"
+              f" ratio {r.ratio:.3f}× (target ≤ {r.target:g}×, "
+              f"{'met' if r.met else 'NOT met'}); {time.perf_counter() - t0:.1f} s", flush=True)
+    print()
+    print(console_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown(results, plan, command))
+        print(f"\nreport written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

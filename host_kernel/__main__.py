@@ -1,0 +1,8 @@
+"""``python -m host_kernel``: the same command line as the ``host-kernel`` script."""
+
+from __future__ import annotations
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
