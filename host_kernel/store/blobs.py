@@ -18,7 +18,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,9 @@ from .._errors import StorageError
 
 __all__ = ["BlobRef", "BlobStore", "FileBlobStore", "EMPTY_SHA256"]
 
-CHUNK = 1024 * 1024
+CHUNK = 4 * 1024 * 1024
+#: Buffers in flight between the copying and the hashing thread (memory: BUFFERS * CHUNK).
+BUFFERS = 4
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
@@ -102,22 +106,45 @@ class FileBlobStore:
             raise self._storage_error(exc) from exc
 
     def _put_stream(self, src: BinaryIO) -> BlobRef:
+        """One pass over ``src``: each chunk is written here while a second thread hashes it.
+
+        hashlib and file writes both release the GIL, so the copy costs about
+        max(write, hash) rather than their sum. Buffers rotate through a small
+        free list, which bounds memory at ``BUFFERS * CHUNK``.
+        """
         fd, tmp = self._tempfile()
         hasher = hashlib.sha256()
+        free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(BUFFERS):
+            free.put(bytearray(CHUNK))
+        work: queue.SimpleQueue[tuple[bytearray, int] | None] = queue.SimpleQueue()
+
+        def hash_chunks() -> None:
+            while (item := work.get()) is not None:
+                buf, n = item
+                hasher.update(memoryview(buf)[:n])
+                free.put(buf)
+
+        worker = threading.Thread(target=hash_chunks, name="blob-hasher", daemon=True)
+        worker.start()
         size = 0
         try:
-            with os.fdopen(fd, "wb") as out:
-                buf = bytearray(CHUNK)
-                view = memoryview(buf)
-                while True:
-                    n = src.readinto(view)  # type: ignore[attr-defined]
-                    if not n:
-                        break
-                    chunk = view[:n]
-                    hasher.update(chunk)
-                    out.write(chunk)
-                    size += n
-                self._sync(out)
+            try:
+                with os.fdopen(fd, "wb", buffering=0) as out:
+                    while True:
+                        buf = free.get()
+                        n = src.readinto(buf)  # type: ignore[attr-defined]
+                        if not n:
+                            break
+                        work.put((buf, n))  # hashed while it is written below
+                        view = memoryview(buf)[:n]
+                        while view:
+                            view = view[out.write(view):]
+                        size += n
+                    self._sync(out)  # type: ignore[arg-type]
+            finally:
+                work.put(None)
+                worker.join()
             return self._commit(tmp, hasher.hexdigest(), size)
         except BaseException as exc:
             self._discard(tmp)
