@@ -105,6 +105,9 @@ class Receipt:
     stderr_tail: str = ""
     changes: tuple[FileChange, ...] = ()
     changes_truncated: bool = False
+    workspace_manifest_sha256: str | None = None
+    workspace_manifest_files: int = 0
+    shadowed_modules: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -115,12 +118,14 @@ class Receipt:
         data = dict(data)
         data["env_changed"] = tuple(data.get("env_changed", ()))
         data["changes"] = tuple(FileChange(**c) for c in data.get("changes", ()))
+        data["shadowed_modules"] = tuple(data.get("shadowed_modules", ()))
         return _from_dict(cls, data)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["env_changed"] = list(self.env_changed)
         d["changes"] = [asdict(c) for c in self.changes]
+        d["shadowed_modules"] = list(self.shadowed_modules)
         return d
 
     def outcome(self) -> str:

@@ -59,9 +59,10 @@ CHECKS: dict[str, str] = {
     "receipt_missing": "the producing cell holds a receipt for exactly that command",
     "exit_nonzero": "the receipt's exit status is 0",
     "masked_failure": "the command cannot hide a failing exit status",
-    "runner_substituted": "the command ran the kernel's own runner (PATH not edited, "
-                          "executable not inside the workspace)",
-    "stale_evidence": "the receipt is newer than the current bytes of every source file",
+    "runner_substituted": "the command ran the kernel's own runner (PATH and Python's "
+                          "search paths not edited, executable not inside the workspace, "
+                          "no module shadowing it in the working directory)",
+    "stale_evidence": "every source file's current bytes are the bytes the command started with",
     "receipt_output_altered": "the receipt's stored output still has its sha256",
     "no_tests_ran": "the receipt's own output shows at least one test passed",
     "tests_failed": "the receipt's own output shows no failed or erroring test",
@@ -70,6 +71,9 @@ CHECKS: dict[str, str] = {
 }
 
 STATUSES = ("completed", "partial", "blocked", "failed")
+#: Environment variables that change which code a Python test runner executes.
+RUNNER_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
+                        "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "LD_PRELOAD", "LD_LIBRARY_PATH"})
 MAX_OUTPUT_BYTES = 1024 * 1024
 MAX_OUTPUT_DEPTH = 32
 MAX_ENTRIES = 10_000
@@ -152,8 +156,6 @@ class RecordView:
             body = json.loads(r["body"])
             body["_seq"] = r["seq"]
             self.receipts.setdefault(r["cell_id"], []).append(body)
-        # (path, sha256) → seq of the first event at which the Host saw that content.
-        self.first_seen: dict[tuple[str, str], int] = {}
         self.written: dict[str, str] = {}  # path → sha256 of the session's last write
         rows = [(r["seq"], r["path"], r["sha256"]) for r in q(
             "SELECT seq, path, sha256 FROM writes WHERE session = ? AND seq < ? ORDER BY seq",
@@ -161,21 +163,22 @@ class RecordView:
         for body in (b for bodies in self.receipts.values() for b in bodies):
             for change in body.get("changes", ()):
                 rows.append((body["_seq"], change["path"], change.get("sha256")))
-        for r in self.artifacts:
-            if r["source_path"]:
-                rows.append((r["seq"], r["source_path"], r["sha256"]))
+        # The last write or command change of each path wins.
         for seq, path, sha in sorted(rows, key=lambda t: t[0]):
-            if sha is not None:
-                self.first_seen.setdefault((path, sha), seq)
-        # Artifacts do not write files; the last write or command change wins.
-        saved = {(r["seq"], r["source_path"], r["sha256"]) for r in self.artifacts}
-        for seq, path, sha in sorted(rows, key=lambda t: t[0]):
-            if (seq, path, sha) in saved:
-                continue
             if sha is None:
                 self.written.pop(path, None)
             else:
                 self.written[path] = sha
+
+    def manifest(self, sha256: str) -> dict[str, str] | None:
+        """A receipt's workspace manifest, or None when missing or altered."""
+        if not self.blob_ok(sha256):
+            return None
+        try:
+            data = json.loads(self.blobs.read(sha256))
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
 
     def blob_ok(self, sha256: str) -> bool:
         """Whether the stored bytes still hash to ``sha256`` (re-hashed once per view)."""
@@ -497,10 +500,6 @@ def _check_evidence(sub: Submission, c: _Checks, source_paths: set[str]) -> None
                                           "'producing_cell_id': <the id from that cell's "
                                           "[cell id: …] line>}")
         return
-    # The content of each source file dates from the first event that showed it.
-    newest_source = max((view.first_seen.get((p, sha), 0)
-                         for p in source_paths for sha in [c.files.sha256(p)] if sha),
-                        default=0)
     for entry in evidence:
         command, cell_id = entry["command"], entry["producing_cell_id"]
         label = f"test evidence {command!r}"
@@ -533,28 +532,59 @@ def _check_evidence(sub: Submission, c: _Checks, source_paths: set[str]) -> None
                                       f"that command; {hint}")
             continue
         receipt = receipts[-1]
-        _check_receipt(label, command, receipt, view, c, newest_source)
+        _check_receipt(label, command, receipt, view, c, source_paths)
+
+
+def _runner(segment: str) -> bool:
+    words = re.findall(r"[\w.-]+", segment)
+    return any(w in ("pytest", "py.test", "unittest") for w in words)
+
+
+def _stale_sources(receipt: dict[str, Any], view: RecordView, c: _Checks,
+                   source_paths: set[str]) -> list[str]:
+    """Source files whose current bytes are not the bytes the command started with.
+
+    Each receipt points at a manifest (in the blob store) of the workspace files'
+    sha256 when the command started: the bytes the tests actually ran on.
+    """
+    sha = receipt.get("workspace_manifest_sha256")
+    manifest = view.manifest(sha) if isinstance(sha, str) else None
+    if manifest is None:
+        return sorted(source_paths)
+    return sorted(p for p in source_paths if manifest.get(p) != c.files.sha256(p))
 
 
 def _check_receipt(label: str, command: str, receipt: dict[str, Any], view: RecordView,
-                   c: _Checks, newest_source: int) -> None:
+                   c: _Checks, source_paths: set[str]) -> None:
     if receipt.get("timed_out") or receipt.get("exit_status") != 0:
         c.fail("exit_nonzero", f"{label}: the command "
                                f"{'timed out' if receipt.get('timed_out') else 'exited ' + str(receipt.get('exit_status'))}"
                                f"; fix the failure and run it again")
     masks = [name for pattern, name in MASKING if pattern.search(command)]
+    segments = [seg.strip() for seg in command.split("&&")]
+    runner_at = [i for i, seg in enumerate(segments) if _runner(seg)]
+    if runner_at and runner_at[-1] != len(segments) - 1:
+        masks.append("a command after the test runner (it can print a forged result)")
     if masks:
         c.fail("masked_failure", f"{label}: {', '.join(masks)} can hide a failing exit status; "
                                  f"run the test command on its own ('&&' and redirections are "
                                  f"fine)")
-    if receipt.get("path_differs") or receipt.get("executable_in_workspace"):
+    runner_env = sorted(RUNNER_ENV & set(receipt.get("env_changed", ())))
+    if receipt.get("path_differs") or receipt.get("executable_in_workspace") or runner_env \
+            or receipt.get("shadowed_modules"):
         why = ("PATH was edited in the kernel" if receipt.get("path_differs")
-               else f"the executable {receipt.get('executable')} is inside the workspace")
+               else f"the executable {receipt.get('executable')} is inside the workspace"
+               if receipt.get("executable_in_workspace")
+               else f"{', '.join(runner_env)} changed in the kernel" if runner_env
+               else f"the working directory holds {', '.join(receipt['shadowed_modules'])}, "
+                    f"which 'python -m' would import instead of the real runner")
         c.fail("runner_substituted", f"{label}: {why}; run the real test runner with the "
                                      f"kernel's own environment")
-    if newest_source and receipt["_seq"] < newest_source:
-        c.fail("stale_evidence", f"{label}: a source file changed after this command ran; "
-                                 f"run the tests again and cite the new cell")
+    stale = _stale_sources(receipt, view, c, source_paths)
+    if stale:
+        c.fail("stale_evidence", f"{label}: {', '.join(stale[:5])} changed after this command "
+                                 f"started (the tests ran on other bytes); run the tests again "
+                                 f"and cite the new cell")
     sha = receipt.get("stdout_sha256", "")
     err_sha = receipt.get("stderr_sha256", "")
     if not (view.blob_ok(sha) and view.blob_ok(err_sha)):

@@ -12,6 +12,8 @@ import pytest
 from host_kernel import Host
 from host_kernel.audit import audit
 
+from _helpers import run_ok
+
 from test_verify import TEST_CMD, build_package, submit
 
 
@@ -21,7 +23,7 @@ def record(workdir: Path) -> Path:
         h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
         accepted, _, text = submit(h)
         assert accepted, text
-        h.execute("host.write_file('data.csv', 'a,b\\n1,2\\n')\nhost.save_artifact('data.csv')")
+        run_ok(h, "host.write_file('data.csv', 'a,b\\n1,2\\n')\nhost.save_artifact('data.csv')")
         return h.record_dir
 
 

@@ -224,3 +224,16 @@ def test_bad_bash_arguments(host: Host) -> None:
     assert "non-empty str" in refusal(host, "host.bash('')")
     assert "command must be str" in refusal(host, "host.bash(['ls'])")
     assert "timeout must be a positive" in refusal(host, "host.bash('true', timeout=-1)")
+
+
+def test_a_command_outliving_its_cells_timeout_is_killed_and_still_recorded(host: Host) -> None:
+    obs = host.execute("host.bash('echo start; sleep 30; echo never')", timeout=1)
+    assert obs.status == "timeout"
+    assert obs.duration < 10
+    assert "killed them and recorded their receipts" in obs.text
+    rec = _receipt(host, obs.cell_id)
+    assert rec["signal"] == 9 and rec["exit_status"] is None
+    store = FileBlobStore(host.record_dir)
+    assert store.read(rec["stdout_sha256"]) == b"start\n"
+    assert list(store.tmp.iterdir()) == []
+    assert host.execute("print('usable')").status == "ok"

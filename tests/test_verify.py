@@ -13,6 +13,8 @@ import pytest
 from host_kernel import Host
 from host_kernel.verify import CHECKS
 
+from _helpers import run_ok
+
 SOURCES = {
     "pkg/__init__.py": "",
     "pkg/core.py": "def add(a, b):\n    return a + b\n",
@@ -139,13 +141,13 @@ def test_a_same_named_file_outside_the_session_backs_nothing(honest: Host) -> No
 
 
 def test_a_file_written_by_cell_code_directly_backs_nothing(honest: Host) -> None:
-    honest.execute("open('direct.txt', 'w').write('x')")
+    run_ok(honest, "open('direct.txt', 'w').write('x')")
     accepted, failed, _ = submit(honest, output={"output_path": "direct.txt"})
     assert not accepted and "claim_unbacked" in failed
 
 
 def test_files_written_through_host_and_by_host_bash_are_backed(honest: Host) -> None:
-    honest.execute("host.write_file('out/a.txt', 'a')\nhost.bash('echo b > out/b.txt')")
+    run_ok(honest, "host.write_file('out/a.txt', 'a')\nhost.bash('echo b > out/b.txt')")
     accepted, failed, text = submit(honest, output={"files": ["out/a.txt", "out/b.txt"]})
     assert accepted, text
 
@@ -188,7 +190,7 @@ def test_cell_id_from_another_sessions_record_is_unknown(honest: Host, tmp_path:
 
 
 def test_entry_point_that_does_not_compile(honest: Host) -> None:
-    honest.execute("host.write_file('pkg/broken.py', 'def main(:\\n')\nhost.save_artifact('pkg/broken.py')")
+    run_ok(honest, "host.write_file('pkg/broken.py', 'def main(:\\n')\nhost.save_artifact('pkg/broken.py')")
     accepted, failed, text = submit(honest, source_files=list(SOURCES) + ["pkg/broken.py"],
                                     entry_points=["pkg/broken.py"])
     assert not accepted and "entry_point_syntax" in failed
@@ -228,9 +230,10 @@ def test_evidence_from_the_submitting_cell_itself(honest: Host) -> None:
     ("python -m pytest -q tests -k nothing_matches", {"no_tests_ran", "exit_nonzero"}),
     ("python -m pytest -q failing", {"tests_failed", "exit_nonzero"}),
     ("python -c 'print(1)'", {"runner_unrecognised"}),
+    ("python -m pytest --co -q tests && echo '1 passed in 0.01s'", {"masked_failure"}),
 ])
 def test_receipt_checks(honest: Host, command: str, codes: set[str]) -> None:
-    honest.execute("host.write_file('failing/test_bad.py', 'def test_bad():\\n    assert 1 == 2\\n')")
+    run_ok(honest, "host.write_file('failing/test_bad.py', 'def test_bad():\\n    assert 1 == 2\\n')")
     obs = honest.execute(f"host.bash({command!r})")
     accepted, failed, text = submit(honest, test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
     assert not accepted
@@ -238,7 +241,7 @@ def test_receipt_checks(honest: Host, command: str, codes: set[str]) -> None:
 
 
 def test_and_and_redirections_are_fine(honest: Host) -> None:
-    command = f"cd . && {TEST_CMD} > log.txt 2>&1 && cat log.txt"
+    command = f"cd . && {TEST_CMD} 2>&1"
     obs = honest.execute(f"host.bash({command!r})")
     accepted, failed, text = submit(honest, test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
     assert accepted, text
@@ -246,7 +249,7 @@ def test_and_and_redirections_are_fine(honest: Host) -> None:
 
 def test_path_shadowing_python_with_a_script_that_exits_0(fresh: Host) -> None:
     fake = "#!/bin/sh\necho '3 passed in 0.01s'\nexit 0\n"
-    fresh.execute(f"host.write_file('shim/python', {fake!r})\nimport os\nos.chmod('shim/python', 0o755)\n"
+    run_ok(fresh, f"host.write_file('shim/python', {fake!r})\nimport os\nos.chmod('shim/python', 0o755)\n"
                   "os.environ['PATH'] = os.path.abspath('shim') + ':' + os.environ['PATH']")
     obs = fresh.execute(f"r = host.bash({TEST_CMD!r})\nprint(r.exit_status)")
     assert "3 passed" in obs.text
@@ -254,8 +257,37 @@ def test_path_shadowing_python_with_a_script_that_exits_0(fresh: Host) -> None:
     assert not accepted and "runner_substituted" in failed
 
 
+def test_a_workspace_module_shadowing_the_runner(fresh: Host) -> None:
+    shim = 'print("5 passed in 0.01s")\n'
+    assert fresh.execute(f"host.write_file('pytest.py', {shim!r})").status == "ok"
+    obs = fresh.execute(f"r = host.bash({TEST_CMD!r})\nprint(r.exit_status, r.shadowed_modules)")
+    assert "0 ('pytest',)" in obs.text
+    accepted, failed, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "runner_substituted" in failed
+    assert "pytest" in text
+
+
+def test_pythonpath_edited_in_the_kernel(fresh: Host) -> None:
+    obs = fresh.execute(f"import os\nos.environ['PYTHONPATH'] = 'fakes'\nhost.bash({TEST_CMD!r})\n"
+                        "del os.environ['PYTHONPATH']")
+    accepted, failed, _ = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "runner_substituted" in failed
+
+
+def test_old_bytes_put_back_after_the_tests_are_stale(fresh: Host) -> None:
+    # broken code saved, fixed, tested, then the broken bytes put back (and they are an artifact)
+    broken = "def add(a, b):\n    return a - b\n"
+    assert fresh.execute(f"host.write_file('pkg/core.py', {broken!r})\n"
+                         "host.save_artifact('pkg/core.py')\n"
+                         f"host.write_file('pkg/core.py', {SOURCES['pkg/core.py']!r})").status == "ok"
+    obs = fresh.execute(f"host.bash({TEST_CMD!r})")
+    assert fresh.execute(f"open('pkg/core.py', 'w').write({broken!r})").status == "ok"
+    accepted, failed, _ = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "stale_evidence" in failed
+
+
 def test_a_source_edited_after_the_tests_ran_is_stale(fresh: Host) -> None:
-    fresh.execute("host.edit_file('pkg/core.py', 'return a + b', 'return a + b + 0')\n"
+    run_ok(fresh, "host.edit_file('pkg/core.py', 'return a + b', 'return a + b + 0')\n"
                   "host.save_artifact('pkg/core.py')")
     accepted, failed, text = submit(fresh)
     assert not accepted and "stale_evidence" in failed
@@ -266,13 +298,13 @@ def test_a_source_edited_after_the_tests_ran_is_stale(fresh: Host) -> None:
 
 
 def test_a_source_edited_directly_and_resaved_after_the_tests_is_stale(fresh: Host) -> None:
-    fresh.execute("open('pkg/core.py', 'a').write('# touched\\n')\nhost.save_artifact('pkg/core.py')")
+    run_ok(fresh, "open('pkg/core.py', 'a').write('# touched\\n')\nhost.save_artifact('pkg/core.py')")
     accepted, failed, _ = submit(fresh)
     assert not accepted and "stale_evidence" in failed
 
 
 def test_a_source_changed_but_not_saved(fresh: Host) -> None:
-    fresh.execute("open('pkg/core.py', 'a').write('# unsaved\\n')")
+    run_ok(fresh, "open('pkg/core.py', 'a').write('# unsaved\\n')")
     accepted, failed, _ = submit(fresh)
     assert not accepted and "source_not_saved" in failed
 
@@ -338,7 +370,7 @@ REQUEST = "Turn the cleaning script into a reusable pipeline we can re-run on ne
 def test_detected_mode_with_failing_declarations_is_accepted_with_advice(workdir: Path) -> None:
     with Host(workdir, request=REQUEST) as h:
         assert h.mode.name == "reusable_pipeline" and not h.mode.armed
-        h.execute("host.write_file('clean.py', 'def clean(x):\\n    return x\\n')")
+        run_ok(h, "host.write_file('clean.py', 'def clean(x):\\n    return x\\n')")
         obs = h.execute("v = host.submit_output({'summary': 'done'}, ['wrote clean.py'], "
                         "source_files=['clean.py'], entry_points=['clean.py'])\nprint(v.explain())")
         assert obs.status == "ok", obs.text
@@ -348,7 +380,7 @@ def test_detected_mode_with_failing_declarations_is_accepted_with_advice(workdir
 
 def test_armed_mode_with_the_same_declarations_is_refused(workdir: Path) -> None:
     with Host(workdir, mode="reusable_pipeline") as h:
-        h.execute("host.write_file('clean.py', 'def clean(x):\\n    return x\\n')")
+        run_ok(h, "host.write_file('clean.py', 'def clean(x):\\n    return x\\n')")
         obs = h.execute("host.submit_output({'summary': 'done'}, ['wrote clean.py'], "
                         "source_files=['clean.py'], entry_points=['clean.py'])")
         assert obs.status == "error"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 import os
 import selectors
 import shlex
@@ -21,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,49 @@ class CommandContext:
     redactor: Redactor
     #: Variables ipykernel sets in its own process; not "changed by the user".
     ignore_env: frozenset[str] = frozenset()
+    #: The Host's (path → (mtime_ns, size, sha256)) cache for workspace manifests.
+    hash_cache: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    #: Called with the process once it has started (the Host tracks it per cell).
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None
+
+
+#: Files larger than this are left out of a receipt's workspace manifest.
+MANIFEST_MAX_FILE = 4 * 1024 * 1024
+#: At most this many files are hashed into one manifest.
+MANIFEST_MAX_FILES = 5_000
+
+
+def workspace_manifest(ws: Workspace, files: dict[str, tuple[int, int]],
+                       cache: dict[str, tuple[int, int, str]]) -> dict[str, str]:
+    """sha256 of each workspace file as it is now, re-hashing only files whose stat changed."""
+    manifest: dict[str, str] = {}
+    for rel, (mtime, size) in files.items():
+        if size > MANIFEST_MAX_FILE or len(manifest) >= MANIFEST_MAX_FILES:
+            continue
+        hit = cache.get(rel)
+        if hit is not None and hit[0] == mtime and hit[1] == size:
+            manifest[rel] = hit[2]
+            continue
+        sha = file_sha256(ws.root / rel)
+        if sha is not None:
+            cache[rel] = (mtime, size, sha)
+            manifest[rel] = sha
+    return manifest
+
+
+def shadowed_modules(command: str, cwd: Path) -> list[str]:
+    """Modules run with ``-m`` that a file or package in the working directory would shadow."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        words = command.split()
+    found = []
+    for i, word in enumerate(words[:-1]):
+        if word == "-m":
+            top = words[i + 1].split(".")[0]
+            if top and ((cwd / f"{top}.py").exists() or (cwd / top).is_dir()):
+                found.append(top)
+    return found
 
 
 def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
@@ -187,7 +231,7 @@ def _changes(ws: Workspace, before: dict[str, tuple[int, int]],
             change = "created" if rel not in before else "modified"
             out.append({"path": rel, "change": change,
                         "sha256": file_sha256(ws.root / rel), "size": after[rel][1]})
-        if len(out) >= MAX_CHANGES:
+        if len(out) > MAX_CHANGES:
             break
     return out
 
@@ -201,6 +245,10 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     executable = resolve_executable(command, cwd, path_env)
     exe_sha = file_sha256(Path(executable)) if executable else None
     before, trunc_before = snapshot(ws.root, ws.record)
+    manifest = workspace_manifest(ws, before, ctx.hash_cache)
+    manifest_ref = ctx.blobs.put_bytes(
+        json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+    shadowed = shadowed_modules(command, cwd)
 
     started = time.time()
     t0 = time.monotonic()
@@ -208,6 +256,9 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
+    if ctx.on_start is not None:
+        ctx.on_start(proc)
+    listening = True
     streams = {proc.stdout: _Stream("stdout", ctx), proc.stderr: _Stream("stderr", ctx)}
     timed_out = False
     deadline = None if timeout is None else t0 + timeout
@@ -234,8 +285,12 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
                     continue
                 stream = streams[key.fileobj]  # type: ignore[index]
                 text = stream.feed(data)
-                if text:
-                    emit({"stream": stream.name, "text": text})
+                if text and listening:
+                    try:
+                        emit({"stream": stream.name, "text": text})
+                    except OSError:
+                        # The cell stopped listening (interrupted); keep recording.
+                        listening = False
     try:
         returncode = proc.wait(timeout=None if timed_out else (
             None if deadline is None else max(0.1, deadline - time.monotonic())))
@@ -280,8 +335,11 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         "stderr_size": err.size,
         "stdout_tail": out.tail,
         "stderr_tail": err.tail,
-        "changes": changes,
-        "changes_truncated": trunc_before or trunc_after or len(changes) >= MAX_CHANGES,
+        "changes": changes[:MAX_CHANGES],
+        "changes_truncated": trunc_before or trunc_after or len(changes) > MAX_CHANGES,
+        "workspace_manifest_sha256": manifest_ref.sha256,
+        "workspace_manifest_files": len(manifest),
+        "shadowed_modules": shadowed,
     }
 
 

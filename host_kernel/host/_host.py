@@ -10,11 +10,16 @@ the blob store; verification to ``verify``; rendering to ``_render``.
 from __future__ import annotations
 
 import base64
+import binascii
+import json
+import dataclasses
 import enum
 import mimetypes
 import os
 import queue
 import shutil
+import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -116,6 +121,10 @@ class Host:
         self._running: _RunningCell | None = None
         self._old_tokens: set[str] = set()
         self._pending_access: dict[str, Any] = {}
+        #: host.bash processes still running, per cell, with an event set once recorded.
+        self._commands: dict[str, list[tuple[subprocess.Popen[bytes], threading.Event]]] = {}
+        self._commands_lock = threading.Lock()
+        self._hash_cache: dict[str, tuple[int, int, str]] = {}
         self._exec_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._launch_env: dict[str, str] = {}
@@ -272,11 +281,11 @@ class Host:
             finally:
                 self._running = None
             duration = time.monotonic() - t0
-            notice = None
+            notice = self._settle_commands(cell_id)
             if run.status == "kernel_died":
                 old = kernel.generation
                 self._start_generation("kernel_died")
-                notice = (f"The kernel died while running this cell (generation {old}). "
+                notice = _join(notice, f"The kernel died while running this cell (generation {old}). "
                           f"The Host started generation {self.generation}: every variable, "
                           f"import and object in memory is gone. What survives: workspace "
                           f"files, saved artifacts and the record.")
@@ -284,13 +293,13 @@ class Host:
                 if run.stuck:
                     old = kernel.generation
                     self._start_generation("timeout")
-                    notice = (f"The cell ran past its {timeout:g} s timeout and did not stop "
+                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout and did not stop "
                               f"within {INTERRUPT_GRACE:g} s of an interrupt, so the Host "
                               f"restarted the kernel: generation {old} → {self.generation}; "
                               f"in-memory state is gone. Workspace files, artifacts and the "
                               f"record survive.")
                 else:
-                    notice = (f"The cell ran past its {timeout:g} s timeout; the Host "
+                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout; the Host "
                               f"interrupted it (KeyboardInterrupt). The kernel and its state "
                               f"are still there (generation {kernel.generation}).")
             outputs = [self.redactor.deep(o) for o in run.outputs]
@@ -307,6 +316,28 @@ class Host:
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
+
+    def _settle_commands(self, cell_id: str) -> str | None:
+        """Kill host.bash commands of this cell still running, and wait for their receipts.
+
+        The Host never returns from a cell while work it started for it runs on unnoticed.
+        """
+        with self._commands_lock:
+            active = self._commands.pop(cell_id, [])
+        killed = 0
+        for proc, recorded in active:
+            if not recorded.is_set() and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed += 1
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for _, recorded in active:
+            recorded.wait(timeout=10)
+        if not killed:
+            return None
+        return (f"{killed} host.bash command(s) of this cell were still running when it ended; "
+                f"the Host killed them and recorded their receipts.")
 
     def _text(self, cell_id: str, status: str, outputs: list[dict[str, Any]],
               notice: str | None, dropped: int) -> str:
@@ -412,7 +443,9 @@ class Host:
         elif not isinstance(args, dict):
             raise BadArguments("call arguments must be a JSON object")
         if refusal is not None:
-            self._record_refusal(generation, running, name, code, refusal)
+            # A bad or stale token says nothing about the running cell: record no cell for it.
+            self._record_refusal(generation, None if code.endswith("token") else running,
+                                 name, code, refusal)
             raise CallRefused(refusal, code=code)
         assert running is not None
         try:
@@ -466,6 +499,11 @@ class Host:
         submission_id = mint_uuid()
         seen: dict[str, str | None] = {}
         try:
+            json.dumps(submission.output)
+        except (TypeError, ValueError, RecursionError) as exc:
+            submission = dataclasses.replace(submission, output=None,
+                                             output_error=f"{type(exc).__name__}: {exc}"[:300])
+        try:
             trusted = self._trusted_projection()
             try:
                 view = RecordView(trusted, self.blobs, self.session_id)
@@ -506,7 +544,10 @@ class Host:
             raw = args[key + "_b64"]
             if not isinstance(raw, str):
                 raise BadArguments(f"{key} must be str or bytes")
-            return base64.b64decode(raw)
+            try:
+                return base64.b64decode(raw, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadArguments(f"{key}_b64 is not valid base64") from None
         value = args.get(key)
         if not isinstance(value, str):
             raise BadArguments(f"{key} must be str (UTF-8 text) or bytes, not "
@@ -567,14 +608,21 @@ class Host:
             raise BadArguments("bash: env must map str to str")
         cwd = self.workspace.cwd_for(args.get("cwd"))
         assert self.blobs is not None
+        recorded = threading.Event()
+
+        def started(proc: subprocess.Popen[bytes]) -> None:
+            with self._commands_lock:
+                self._commands.setdefault(cell.cell_id, []).append((proc, recorded))
+
+        launch = self._launch_env | {"HOST_KERNEL_TOKEN": env.get("HOST_KERNEL_TOKEN", ""),
+                                     "HOST_KERNEL_GENERATION": str(cell.generation)}
         ctx = CommandContext(cell.cell_id, cell.generation, self.workspace, self.blobs,
-                             self._launch_env | {"HOST_KERNEL_TOKEN": env.get(
-                                 "HOST_KERNEL_TOKEN", ""), "HOST_KERNEL_GENERATION": str(
-                                 cell.generation)},
-                             self.redactor, KERNEL_SET_ENV)
-        body = run_command(command, cwd, dict(env), timeout, ctx, emit)
-        body = self.redactor.deep(body)
-        self._append("receipt_recorded", body)
+                             launch, self.redactor, KERNEL_SET_ENV, self._hash_cache, started)
+        try:
+            body = self.redactor.deep(run_command(command, cwd, dict(env), timeout, ctx, emit))
+            self._append("receipt_recorded", body)
+        finally:
+            recorded.set()
         return body
 
     # -- artifacts
@@ -636,6 +684,10 @@ class Host:
         return [Artifact(r["artifact_id"], r["filename"], r["sha256"], r["size"],
                          r["media_type"], r["cell_id"], r["generation"],
                          r["source_path"]).to_dict() for r in rows]
+
+
+def _join(first: str | None, second: str) -> str:
+    return second if first is None else f"{first} {second}"
 
 
 class _Run:

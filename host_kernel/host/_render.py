@@ -63,7 +63,7 @@ def render_outputs(outputs: Iterable[Mapping[str, Any]]) -> str:
     for out in outputs:
         otype = out.get("output_type")
         if otype == "stream":
-            pieces.append(out.get("text", ""))
+            pieces.append(strip_ansi(out.get("text", "")))
         elif otype in ("execute_result", "display_data"):
             prefix = f"Out[{out['execution_count']}]: " if out.get("execution_count") else ""
             body = "\n".join(_bundle(out.get("data", {})))

@@ -207,9 +207,9 @@ def project(conn: sqlite3.Connection, seq: int, session: str, ts: float, kind: s
     elif kind == "cell_finished":
         conn.execute(
             "UPDATE cells SET seq_finished = ?, ended = ?, status = ?, execution_count = ?, "
-            "outputs = ?, access = ? WHERE cell_id = ?",
+            "outputs = ?, access = ? WHERE cell_id = ? AND session = ?",
             (seq, ts, body["status"], body.get("execution_count"), _j(body.get("outputs")),
-             _j(body.get("access")), body["cell_id"]),
+             _j(body.get("access")), body["cell_id"], session),
         )
     elif kind == "call_refused":
         conn.execute(
@@ -364,9 +364,19 @@ def rebuild(ledger: Ledger) -> SQLiteLedger:
     fresh = SQLiteLedger(None)
     conn = fresh._conn
     conn.execute("BEGIN")
-    for row in ledger.query("SELECT * FROM events ORDER BY seq"):
-        conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?,?)", tuple(row))
-        project(conn, row["seq"], row["session"], row["ts"], row["kind"], json.loads(row["body"]))
+    seq = 0
+    try:
+        for row in ledger.query("SELECT * FROM events ORDER BY seq"):
+            seq = row["seq"]
+            conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?,?)", tuple(row))
+            body = json.loads(row["body"])
+            if not isinstance(body, dict):
+                raise TypeError("body is not an object")
+            project(conn, seq, row["session"], row["ts"], row["kind"], body)
+    except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+        fresh.close()
+        raise RecordError(f"event {seq} cannot be replayed ({type(exc).__name__}: {exc}); "
+                          f"the record was altered") from exc
     conn.execute("COMMIT")
     return fresh
 

@@ -1,0 +1,179 @@
+"""The Host's side of dataflow provenance: turning what it saw into artifact lineage.
+
+Owns the session's :class:`~host_kernel.lineage.flow.FlowTracker` and feeds it,
+in order: each finished cell (the files the kernel's audit hook saw it read
+and write, plus the Host's own reads and writes for it and the artifacts it
+loaded), and each ``host.bash`` receipt (the files the command changed, linked
+to the receipt and to the workspace files its command line names). At
+``save_artifact`` it answers which inputs flowed into the file, hashing each
+input file as it is then (``hashed_at`` says when: at the end of the reading
+cell, or at save time for reads in the saving cell itself). A read of a file
+that still holds the bytes of an artifact loaded there becomes that artifact.
+
+It does not decide trust: reads reported by the kernel are lineage evidence
+only (docs/lineage.md), never acceptance evidence.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..lineage.flow import OBSERVED, RECEIPT, FlowTracker, Source, file_key
+from ._workspace import Workspace, file_sha256
+
+__all__ = ["CellIO", "SessionLineage"]
+
+#: Most files named on one command line that are linked as its inputs.
+MAX_COMMAND_INPUTS = 50
+
+
+@dataclass
+class CellIO:
+    """What the Host itself did for one running cell (the kernel cannot see these)."""
+
+    reads: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    loads: list[tuple[str, str, str]] = field(default_factory=list)  # artifact, path, sha
+
+
+class SessionLineage:
+    def __init__(self, workspace: Workspace) -> None:
+        self.workspace = workspace
+        self.tracker = FlowTracker()
+        #: path → (artifact id, sha256) of an artifact materialised there by load_artifact
+        self.materialised: dict[str, tuple[str, str]] = {}
+        #: (key, sha256) → when it was hashed: "cell_end" or "save"
+        self.hashed_at: dict[tuple[str, str | None], str] = {}
+        self.receipts: dict[str, dict[str, Any]] = {}
+
+    # -- feeding
+
+    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str) -> list[Source]:
+        out: list[Source] = []
+        for artifact_id, _path, sha in io.loads:
+            out.append(Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha))
+        for rel in dict.fromkeys([*reads, *io.reads]):
+            sha = file_sha256(self.workspace.root / rel)
+            if sha is None:
+                continue  # opened but gone, or a failed open
+            loaded = self.materialised.get(rel)
+            if loaded is not None and loaded[1] == sha:
+                source = Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, sha)
+            else:
+                source = Source(file_key(rel), OBSERVED, cell_id, sha)
+            self.hashed_at.setdefault(source.identity, when)
+            out.append(source)
+        return out
+
+    @staticmethod
+    def _access(access: Any) -> tuple[list[str], list[str], list[tuple[str, str]], list[str]]:
+        if not isinstance(access, dict):
+            return [], [], [], []
+
+        def strs(key: str) -> list[str]:
+            value = access.get(key)
+            return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+        renames = [(a, b) for a, b in (r for r in access.get("renames", [])
+                                       if isinstance(r, list) and len(r) == 2)
+                   if isinstance(a, str) and isinstance(b, str)]
+        return strs("reads"), strs("writes"), renames, strs("removes")
+
+    def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO) -> None:
+        reads, writes, renames, removes = self._access(access)
+        writes = list(dict.fromkeys([*writes, *io.writes, *(p for _, p, _ in io.loads)]))
+        sources = self._sources(cell_id, reads, io, "cell_end")
+        for artifact_id, path, sha in io.loads:
+            self.materialised[path] = (artifact_id, sha)
+        for rel in writes:
+            loaded = self.materialised.get(rel)
+            if loaded is not None and file_sha256(self.workspace.root / rel) != loaded[1]:
+                del self.materialised[rel]
+        self.tracker.observe_cell(cell_id, code, sources,
+                                  [w for w in writes if w not in {p for _, p, _ in io.loads}],
+                                  renames=renames, removes=removes)
+
+    def receipt(self, cell_id: str, body: dict[str, Any]) -> None:
+        """A command ran: the files it created or changed come from it and its named inputs."""
+        self.receipts[body["receipt_id"]] = body
+        changed = {c["path"] for c in body.get("changes", ())}
+        inputs = [s for s in self._command_inputs(cell_id, body, changed)]
+        for change in body.get("changes", ()):
+            if change["change"] == "deleted":
+                self.tracker.forget_file(change["path"])
+                self.materialised.pop(change["path"], None)
+            else:
+                self.tracker.note_receipt_write(change["path"], body["receipt_id"], inputs,
+                                                cell_id=cell_id)
+
+    def _command_inputs(self, cell_id: str, body: dict[str, Any],
+                        changed: set[str]) -> list[Source]:
+        try:
+            words = shlex.split(body["command"], comments=True)
+        except ValueError:
+            words = body["command"].split()
+        cwd = Path(body["cwd"])
+        out: list[Source] = []
+        for word in words[:500]:
+            if word.startswith("-") or "=" in word and not word.startswith(("./", "/")):
+                continue
+            real = (cwd / word).resolve() if not word.startswith("/") else Path(word).resolve()
+            if not self.workspace.contains(real) or self.workspace.in_record(real) \
+                    or not real.is_file():
+                continue
+            rel = self.workspace.relative(real)
+            if rel in changed:
+                continue
+            sha = file_sha256(real)
+            loaded = self.materialised.get(rel)
+            key = f"artifact:{loaded[0]}" if loaded and loaded[1] == sha else file_key(rel)
+            source = Source(key, RECEIPT, cell_id, sha)
+            self.hashed_at.setdefault(source.identity, "command_end")
+            out.append(source)
+            if len(out) >= MAX_COMMAND_INPUTS:
+                break
+        return out
+
+    # -- asking
+
+    def inputs_at_save(self, cell_id: str, code: str, rel: str, partial_access: Any,
+                       io: CellIO) -> dict[str, Any]:
+        """The lineage record for a file saved now, from the cell that is running."""
+        reads, writes, renames, removes = self._access(partial_access)
+        written_now = rel in writes or rel in io.writes
+        if written_now:
+            fork = copy.deepcopy(self.tracker)
+            sources = self._sources(cell_id, reads, io, "save")
+            fork.observe_cell(cell_id, code, sources,
+                              list(dict.fromkeys([*writes, *io.writes])),
+                              renames=renames, removes=removes)
+            found: Sequence[Source] = fork.inputs_for_file(rel)
+            truncated = fork.is_truncated(rel)
+        else:
+            found = self.tracker.inputs_for_file(rel)
+            truncated = self.tracker.is_truncated(rel)
+        loaded = self.materialised.get(rel)
+        if loaded is not None and not written_now and loaded[1] == file_sha256(
+                self.workspace.root / rel):
+            # Saving a materialised artifact again: its input is that artifact.
+            found = [Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, loaded[1])]
+        return {"inputs": [self._item(s) for s in found], "truncated": truncated}
+
+    def _item(self, s: Source) -> dict[str, Any]:
+        kind, _, rest = s.key.partition(":")
+        item: dict[str, Any] = {"key": s.key, "method": s.method, "via_cell": s.via_cell}
+        if kind == "file":
+            item.update(path=rest, sha256=s.sha256,
+                        hashed_at=self.hashed_at.get(s.identity, "cell_end"))
+        elif kind == "artifact":
+            item.update(artifact_id=rest, sha256=s.sha256)
+        elif kind == "receipt":
+            body = self.receipts.get(rest, {})
+            item.update(receipt_id=rest, command=body.get("command"),
+                        exit_status=body.get("exit_status"))
+        return item

@@ -1,0 +1,418 @@
+"""Carrying reads forward across cells: which inputs flowed into a written file.
+
+This module owns the bookkeeping the Host does after each cell, in order:
+for every variable name, the set of :class:`Source` values (files read,
+artifacts loaded, receipts) that flowed into its current value; and for
+every workspace file written in the session, the candidate inputs of its
+current content. It is pure: no I/O, no clock, no hashing, no ledger. It does
+not decide what a cell read (the capture hook and the Host's own calls say
+so), what the names mean (``host_kernel.lineage.defuse`` does), or which
+candidates really flowed (the optional dataflow prompt may narrow them, never
+add). It over-approximates on purpose.
+
+The model, and its documented approximations:
+
+* **Cell-level taint.** When a cell runs, everything it read directly plus
+  the taint of every name it used is the cell's *incoming* set. Each name the
+  cell binds gets that whole set as its taint, whatever statement bound it
+  (an over-approximation within a cell); precision comes from rebinding: a
+  name bound again in a later cell has its taint *replaced*, which cuts stale
+  edges. ``del name`` clears it. A name mutated in place (``rows.append(x)``)
+  keeps its old taint and gains the incoming set.
+* **Imports** bind modules, not data: their names get no taint, and method
+  calls on them (``json.dump(obj, fh)``) are not mutations.
+* **Functions and classes** (bound by ``def``/``class``) get, at definition,
+  the taint of what their definition reads (decorators, defaults, base
+  classes, class bodies; for a class also the cell's direct reads, since a
+  class body runs then). The free names their bodies read are resolved each
+  time a later cell uses the function, against the taint those names have at
+  that time (late binding, followed transitively, cycles cut). So a helper
+  defined before its data is loaded still carries the data, and rebinding
+  the data between definition and call is honoured. A lambda assigned to a
+  name is an ordinary value: its free names are resolved at definition.
+* **Files.** A file written by a cell gets, as inputs, the cell's direct reads
+  (kept as they were reported) and the taint of the names the cell used
+  (marked ``def-use``, with ``via_cell`` the cell that read them). Inputs are
+  a snapshot: later cells do not change them until the file is written again.
+  A file written by a cell whose code does not parse only gets the direct
+  reads.
+* **Rewriting in place.** A file that is an input of its own new content
+  (read then rewritten, directly or through a variable) is not listed as its
+  own input, since those bytes no longer exist; the inputs of its previous
+  content are carried over instead. A file that was never written in the
+  session and is rewritten in place thus loses the link to its original
+  bytes.
+* Files are not expanded transitively: a written file read by a later cell
+  is one input of that cell's outputs, whose own inputs are asked for
+  separately.
+* A decoy file opened by an earlier cell reaches a written file only through
+  a name the writing cell uses (or through a function it calls); a path that
+  appears only in a string never appears, since only real reads are sources.
+* Bounds: each name's taint and each file's inputs keep at most
+  ``max_sources`` sources (1,000 by default), first found first kept; the
+  ones cut are reported by :meth:`FlowTracker.is_truncated`.
+
+Sources are identified by ``(key, sha256)``: the same file read twice with
+the same bytes is one input, and with different bytes two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from .defuse import BUILTIN_NAMES, CellNames, cell_names
+
+__all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "FlowTracker", "Source"]
+
+OBSERVED = "observed"
+DEF_USE = "def-use"
+RECEIPT = "receipt"
+#: how an input was found
+METHODS = frozenset({OBSERVED, DEF_USE, RECEIPT})
+
+_DEFAULT_MAX_SOURCES = 1_000
+
+_Identity = tuple[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One candidate input: a file, an artifact or a receipt, and how it was found."""
+
+    key: str  # "file:<relpath>", "artifact:<uuid>" or "receipt:<id>"
+    method: str  # "observed" | "def-use" | "receipt"
+    via_cell: str  # the cell where it was read or produced
+    sha256: str | None = None  # hash at read time, when known
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"unknown source method {self.method!r}; expected one of {sorted(METHODS)}"
+            )
+        if not self.key:
+            raise ValueError("a source needs a key")
+
+    @property
+    def identity(self) -> _Identity:
+        return (self.key, self.sha256)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "method": self.method,
+            "via_cell": self.via_cell,
+            "sha256": self.sha256,
+        }
+
+
+def file_key(relpath: str) -> str:
+    """The source key of a workspace file."""
+    return f"file:{relpath}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Taint:
+    """What flowed into one name's current value."""
+
+    sources: tuple[Source, ...] = ()
+    truncated: bool = False
+    # free names a function body reads, resolved when the function is used
+    late: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class _FileInputs:
+    sources: tuple[Source, ...]
+    truncated: bool
+
+
+class _Collector:
+    """An ordered, bounded union of sources, first found first kept."""
+
+    __slots__ = ("_limit", "_sources", "truncated")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._sources: dict[_Identity, Source] = {}
+        self.truncated = False
+
+    def add(self, source: Source) -> None:
+        identity = source.identity
+        if identity in self._sources:
+            return
+        if len(self._sources) >= self._limit:
+            self.truncated = True
+            return
+        self._sources[identity] = source
+
+    def extend(self, sources: Iterable[Source]) -> None:
+        for source in sources:
+            self.add(source)
+
+    def result(self) -> tuple[Source, ...]:
+        return tuple(self._sources.values())
+
+
+class FlowTracker:
+    """Per-session def-use bookkeeping; call :meth:`observe_cell` after each cell."""
+
+    def __init__(self, *, max_sources: int = _DEFAULT_MAX_SOURCES) -> None:
+        if max_sources < 1:
+            raise ValueError(f"max_sources must be at least 1, got {max_sources}")
+        self._max = max_sources
+        self._names: dict[str, _Taint] = {}
+        self._modules: set[str] = set()
+        self._files: dict[str, _FileInputs] = {}
+        # receipt writes noted since the last observed cell, merged into it
+        self._pending: dict[str, tuple[Source, ...]] = {}
+        self._cell_order: dict[str, int] = {}
+
+    # -- the Host's calls -------------------------------------------------------
+
+    def observe_cell(
+        self,
+        cell_id: str,
+        code: str,
+        sources_read: Sequence[Source],
+        files_written: Sequence[str],
+        *,
+        renames: Sequence[tuple[str, str]] = (),
+        removes: Sequence[str] = (),
+    ) -> None:
+        """Record one executed cell.
+
+        ``sources_read``: what the cell read directly (files seen by capture,
+        artifacts loaded by id, receipts). ``files_written``: workspace-relative
+        paths it wrote. ``renames`` moves a file's inputs to its new name (the
+        new name should also be in ``files_written``, as capture reports it);
+        ``removes`` forgets files that are gone, unless also written.
+        """
+        self._cell_order.setdefault(cell_id, len(self._cell_order))
+        names = cell_names(code)
+        direct = _Collector(self._max)
+        direct.extend(sources_read)
+        used = set(names.used)
+        # a builtin name matters only if an earlier cell shadowed it
+        used.update(n for n in names.builtins_used if n in self._names)
+        flowing, flowing_truncated = self._resolve(used)
+
+        written = dict.fromkeys(files_written)
+        self._write_files(written, direct, flowing, flowing_truncated)
+        for relpath, inputs in self._pending.items():
+            if relpath not in written:
+                continue
+            current = self._files[relpath]
+            merged = _Collector(self._max)
+            merged.extend(current.sources)
+            merged.extend(inputs)
+            self._files[relpath] = _FileInputs(
+                merged.result(), current.truncated or merged.truncated
+            )
+        self._pending.clear()
+        self._apply_renames(renames)
+        for relpath in removes:
+            if relpath not in written:
+                self._files.pop(relpath, None)
+
+        self._update_names(names, direct, flowing, flowing_truncated)
+
+    def note_receipt_write(
+        self,
+        relpath: str,
+        receipt_id: str,
+        inputs: Sequence[Source],
+        *,
+        cell_id: str = "",
+    ) -> None:
+        """A ``host.bash`` command created or changed ``relpath``.
+
+        The file's inputs become ``inputs`` (for instance the script the
+        command ran) plus ``Source("receipt:<id>", "receipt", cell_id)``. Call
+        it while the cell that ran the command is still running (before its
+        ``observe_cell``): if that cell also writes the file itself, the two
+        sets are merged when it is observed. A ``cell_id`` that was already
+        observed is taken as final, with no merge.
+        """
+        collector = _Collector(self._max)
+        collector.extend(inputs)
+        collector.add(Source(key=f"receipt:{receipt_id}", method=RECEIPT, via_cell=cell_id))
+        sources = self._without_self(relpath, collector.result())
+        truncated = collector.truncated or self._inherits_truncation(relpath, collector.result())
+        self._files[relpath] = _FileInputs(sources, truncated)
+        if not (cell_id and cell_id in self._cell_order):
+            # the command ran inside a cell not observed yet: merge with it
+            self._pending[relpath] = sources
+
+    def forget_file(self, relpath: str) -> None:
+        """The file is gone (removed outside any observed cell)."""
+        self._files.pop(relpath, None)
+        self._pending.pop(relpath, None)
+
+    # -- questions --------------------------------------------------------------
+
+    def inputs_for_file(self, relpath: str) -> tuple[Source, ...]:
+        """Candidate inputs of the file's current content; ``()`` if never written."""
+        inputs = self._files.get(relpath)
+        return inputs.sources if inputs is not None else ()
+
+    def is_truncated(self, relpath: str) -> bool:
+        """Whether some inputs of the file were cut by the bound."""
+        inputs = self._files.get(relpath)
+        return inputs.truncated if inputs is not None else False
+
+    def written_files(self) -> tuple[str, ...]:
+        """Files written in the session whose inputs are known, in first-write order."""
+        return tuple(self._files)
+
+    def names_taint(self, name: str) -> tuple[Source, ...]:
+        """What flowed into ``name``'s current value, as originally read (for debugging).
+
+        For a function this includes what its body's free names carry now.
+        """
+        sources, _ = self._resolve([name])
+        return sources
+
+    # -- internals --------------------------------------------------------------
+
+    def _resolve(self, names: Iterable[str]) -> tuple[tuple[Source, ...], bool]:
+        """The union of the names' taints, following functions' free names now."""
+        collector = _Collector(self._max)
+        truncated = False
+        seen: set[str] = set()
+        stack = sorted(set(names), reverse=True)
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            taint = self._names.get(name)
+            if taint is None:
+                continue
+            collector.extend(taint.sources)
+            truncated = truncated or taint.truncated
+            stack.extend(sorted(taint.late - seen, reverse=True))
+        ordered = sorted(
+            collector.result(),
+            key=lambda s: (self._cell_order.get(s.via_cell, -1), s.key, s.sha256 or ""),
+        )
+        return tuple(ordered), truncated or collector.truncated
+
+    def _write_files(
+        self,
+        written: Iterable[str],
+        direct: _Collector,
+        flowing: tuple[Source, ...],
+        flowing_truncated: bool,
+    ) -> None:
+        collector = _Collector(self._max)
+        collector.extend(direct.result())
+        collector.extend(replace(s, method=DEF_USE) for s in flowing)
+        candidates = collector.result()
+        truncated = direct.truncated or flowing_truncated or collector.truncated
+        # every file the cell wrote shares one tuple, unless it is among its
+        # own candidates (rewritten in place)
+        shared = _FileInputs(candidates, truncated)
+        keys = {s.key for s in candidates}
+        for relpath in written:
+            if file_key(relpath) not in keys:
+                self._files[relpath] = shared
+                continue
+            sources = self._without_self(relpath, candidates)
+            self._files[relpath] = _FileInputs(
+                sources, truncated or self._inherits_truncation(relpath, candidates)
+            )
+
+    def _without_self(self, relpath: str, candidates: tuple[Source, ...]) -> tuple[Source, ...]:
+        """Drop the file itself; carry over its previous inputs if it was one."""
+        key = file_key(relpath)
+        own = [s for s in candidates if s.key != key]
+        if len(own) == len(candidates):
+            return candidates
+        collector = _Collector(self._max)
+        collector.extend(own)
+        previous = self._files.get(relpath)
+        if previous is not None:
+            collector.extend(previous.sources)
+        return collector.result()
+
+    def _inherits_truncation(self, relpath: str, candidates: tuple[Source, ...]) -> bool:
+        previous = self._files.get(relpath)
+        key = file_key(relpath)
+        return previous is not None and previous.truncated and any(s.key == key for s in candidates)
+
+    def _apply_renames(self, renames: Sequence[tuple[str, str]]) -> None:
+        for src, dst in renames:
+            moved = self._files.pop(src, None)
+            if moved is None:
+                continue
+            current = self._files.get(dst)
+            collector = _Collector(self._max)
+            if current is not None:
+                collector.extend(current.sources)
+            collector.extend(moved.sources)
+            truncated = moved.truncated or collector.truncated
+            if current is not None:
+                truncated = truncated or current.truncated
+            self._files[dst] = _FileInputs(collector.result(), truncated)
+
+    def _update_names(
+        self,
+        names: CellNames,
+        direct: _Collector,
+        flowing: tuple[Source, ...],
+        flowing_truncated: bool,
+    ) -> None:
+        incoming = _Collector(self._max)
+        incoming.extend(direct.result())
+        incoming.extend(flowing)
+        value = _Taint(
+            sources=incoming.result(),
+            truncated=direct.truncated or flowing_truncated or incoming.truncated,
+        )
+        functions = {f.name: f for f in names.functions}
+        updates: dict[str, _Taint] = {}
+
+        for name in names.mutated - names.defined:
+            if name in self._modules or (name in BUILTIN_NAMES and name not in self._names):
+                continue
+            old = self._names.get(name, _Taint())
+            merged = _Collector(self._max)
+            merged.extend(old.sources)
+            merged.extend(value.sources)
+            updates[name] = _Taint(
+                sources=merged.result(),
+                truncated=old.truncated or value.truncated or merged.truncated,
+                late=old.late,
+            )
+
+        for name in names.defined:
+            if name in names.imported:
+                updates[name] = _Taint()
+                continue
+            function = functions.get(name)
+            if function is None:
+                updates[name] = value
+                continue
+            # the definition runs now: what it reads is resolved now; the body
+            # runs when called: its free names are resolved then
+            defined_sources, defined_truncated = self._resolve(function.when_defined)
+            at_definition = _Collector(self._max)
+            if function.is_class:
+                at_definition.extend(direct.result())
+            at_definition.extend(defined_sources)
+            updates[name] = _Taint(
+                sources=at_definition.result(),
+                truncated=defined_truncated or at_definition.truncated,
+                late=function.when_called - {name},
+            )
+
+        for name in names.deleted:
+            self._names.pop(name, None)
+            self._modules.discard(name)
+        for name, taint in updates.items():
+            self._names[name] = taint
+            if name in names.imported:
+                self._modules.add(name)
+            elif name in names.defined:
+                self._modules.discard(name)

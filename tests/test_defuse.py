@@ -1,0 +1,383 @@
+"""Def/use names of a cell: what it binds, reads, deletes and mutates."""
+
+from __future__ import annotations
+
+from host_kernel.lineage.defuse import CellNames, FunctionNames, cell_names
+
+
+def names(code: str) -> CellNames:
+    return cell_names(code)
+
+
+# -- definitions -----------------------------------------------------------------
+
+
+def test_simple_assignment_defines_the_target() -> None:
+    result = names("x = 1")
+    assert result.defined == {"x"}
+    assert result.used == set()
+
+
+def test_tuple_unpacking_and_starred_targets_are_defined() -> None:
+    assert names("a, (b, *c) = f()").defined == {"a", "b", "c"}
+
+
+def test_chained_assignment_defines_every_target() -> None:
+    assert names("a = b = 0").defined == {"a", "b"}
+
+
+def test_augmented_assignment_defines_and_uses() -> None:
+    result = names("total += step")
+    assert result.defined == {"total"}
+    assert result.used == {"total", "step"}
+
+
+def test_annotated_assignment_with_value_defines() -> None:
+    assert names("x: int = y").defined == {"x"}
+
+
+def test_bare_annotation_binds_nothing() -> None:
+    result = names("x: int")
+    assert result.defined == set()
+    assert result.used == set()
+
+
+def test_for_target_is_defined() -> None:
+    assert names("for row in rows:\n    pass").defined == {"row"}
+
+
+def test_with_as_target_is_defined() -> None:
+    result = names("with open(p) as fh:\n    text = fh.read()")
+    assert result.defined == {"fh", "text"}
+    assert result.used == {"p"}
+
+
+def test_except_as_name_is_defined() -> None:
+    assert "err" in names("try:\n    f()\nexcept ValueError as err:\n    pass").defined
+
+
+def test_import_binds_the_top_package() -> None:
+    result = names("import os.path")
+    assert result.defined == {"os"}
+    assert result.imported == {"os"}
+
+
+def test_function_defined_in_both_branches_merges_its_reads() -> None:
+    code = "if fast:\n    def f():\n        return a\nelse:\n    def f():\n        return b"
+    function = names(code).function("f")
+    assert function is not None
+    assert function.when_called == {"a", "b"}
+
+
+def test_a_name_bound_by_def_and_by_assignment_is_not_a_function() -> None:
+    assert names("def f():\n    pass\nf = wrap(f)").functions == ()
+
+
+def test_import_as_and_from_import_bind_their_names() -> None:
+    result = names("import numpy as np\nfrom json import load, dumps as dump")
+    assert result.defined == {"np", "load", "dump"}
+    assert result.imported == {"np", "load", "dump"}
+
+
+def test_star_import_binds_nothing_known() -> None:
+    assert names("from math import *").defined == set()
+
+
+def test_function_and_class_definitions_define_their_names() -> None:
+    result = names("def f():\n    pass\nclass C:\n    pass")
+    assert result.defined == {"f", "C"}
+    assert result.functions == (FunctionNames("C", is_class=True), FunctionNames("f"))
+
+
+def test_global_assigned_inside_a_function_is_defined() -> None:
+    result = names("def setup():\n    global config\n    config = load()")
+    assert result.defined == {"setup", "config"}
+
+
+def test_function_locals_are_not_defined() -> None:
+    assert names("def f(a):\n    b = a\n    return b").defined == {"f"}
+
+
+def test_walrus_at_top_level_is_defined() -> None:
+    result = names("if (m := match(text)):\n    print(m)")
+    assert "m" in result.defined
+    assert "m" not in result.used
+
+
+def test_walrus_in_a_comprehension_binds_at_module_level() -> None:
+    result = names("[last := v for v in values]")
+    assert result.defined == {"last"}
+    assert result.used == {"values"}
+
+
+def test_comprehension_variables_do_not_leak() -> None:
+    result = names("squares = [v * v for v in values if v > limit]")
+    assert result.defined == {"squares"}
+    assert result.used == {"values", "limit"}
+
+
+def test_match_captures_are_defined() -> None:
+    code = "match point:\n    case (x, *rest):\n        pass\n    case {'k': v, **others}:\n        pass"
+    assert names(code).defined == {"x", "rest", "v", "others"}
+
+
+# -- uses ------------------------------------------------------------------------
+
+
+def test_names_read_before_binding_are_used() -> None:
+    result = names("y = x + 1")
+    assert result.used == {"x"}
+
+
+def test_a_name_bound_earlier_in_the_cell_is_not_used() -> None:
+    result = names("x = load()\ny = x + 1")
+    assert result.used == {"load"}
+
+
+def test_reading_before_rebinding_in_the_same_statement_is_a_use() -> None:
+    assert names("x = x + 1").used == {"x"}
+
+
+def test_binding_inside_a_branch_is_not_certain() -> None:
+    assert "a" in names("if c:\n    a = 1\nprint(a)").used
+
+
+def test_binding_on_both_sides_of_an_if_is_certain() -> None:
+    assert "a" not in names("if c:\n    a = 1\nelse:\n    a = 2\nprint(a)").used
+
+
+def test_loop_carried_reads_are_uses() -> None:
+    result = names("for v in values:\n    total = total + v")
+    assert result.used == {"values", "total"}
+
+
+def test_with_body_bindings_are_certain_afterwards() -> None:
+    result = names("with open(p) as fh:\n    data = fh.read()\nresult = clean(data)")
+    assert result.used == {"p", "clean"}
+
+
+def test_free_names_of_a_function_are_used() -> None:
+    result = names("def scale(v):\n    return v * factor\n")
+    assert result.used == {"factor"}
+    assert result.function("scale") == FunctionNames("scale", when_called=frozenset({"factor"}))
+
+
+def test_defaults_and_decorators_are_read_where_defined() -> None:
+    result = names("@register(kind)\ndef f(a=default) -> Out:\n    return a + b")
+    assert result.used == {"register", "kind", "default", "Out", "b"}
+    function = result.function("f")
+    assert function is not None
+    assert function.when_defined == {"register", "kind", "default", "Out"}
+    assert function.when_called == {"b"}
+
+
+def test_lambda_free_names_are_used() -> None:
+    result = names("key = lambda row: row[column]")
+    assert result.used == {"column"}
+    assert result.functions == ()
+
+
+def test_nonlocal_names_resolve_in_the_enclosing_function() -> None:
+    code = "def outer():\n    n = 0\n    def inner():\n        nonlocal n\n        n += step\n    return inner"
+    assert names(code).used == {"step"}
+
+
+def test_class_body_reads_are_used_and_methods_skip_class_names() -> None:
+    code = "class Model(Base):\n    size = 3\n    def fit(self):\n        return size + data"
+    result = names(code)
+    assert result.used == {"Base", "size", "data"}
+    model = result.function("Model")
+    assert model is not None
+    assert model.when_defined == {"Base", "size", "data"}
+    assert model.when_called == {"size", "data"}
+
+
+def test_builtins_are_not_used_but_listed_apart() -> None:
+    result = names("n = len(rows)\nprint(n)")
+    assert result.used == {"rows"}
+    assert result.builtins_used == {"len", "print"}
+
+
+def test_a_shadowed_builtin_bound_in_the_cell_is_not_listed() -> None:
+    result = names("max = 3\nprint(max)")
+    assert result.builtins_used == {"print"}
+
+
+def test_attribute_and_subscript_reads_use_the_base_name() -> None:
+    assert names("v = cfg.section['key']").used == {"cfg"}
+
+
+# -- deletion --------------------------------------------------------------------
+
+
+def test_del_records_the_name_as_deleted() -> None:
+    result = names("del frame")
+    assert result.deleted == {"frame"}
+    assert result.defined == set()
+
+
+def test_defined_then_deleted_is_only_deleted() -> None:
+    result = names("tmp = 1\ndel tmp")
+    assert result.deleted == {"tmp"}
+    assert result.defined == set()
+
+
+def test_deleted_then_rebound_is_only_defined() -> None:
+    result = names("del x\nx = 2")
+    assert result.defined == {"x"}
+    assert result.deleted == set()
+
+
+def test_conditional_del_is_not_a_deletion() -> None:
+    assert names("if c:\n    del x").deleted == set()
+
+
+# -- mutation --------------------------------------------------------------------
+
+
+def test_method_call_statement_mutates_the_receiver() -> None:
+    result = names("rows.append(x)")
+    assert result.mutated == {"rows"}
+    assert result.used == {"rows", "x"}
+    assert result.defined == set()
+
+
+def test_method_call_used_for_its_value_is_not_a_mutation() -> None:
+    assert names("n = df.count()").mutated == set()
+
+
+def test_awaited_method_call_statement_mutates_the_receiver() -> None:
+    assert names("await queue.put(item)").mutated == {"queue"}
+
+
+def test_subscript_assignment_mutates() -> None:
+    assert names("table[0] = value").mutated == {"table"}
+
+
+def test_attribute_assignment_mutates_the_base_name() -> None:
+    assert names("model.config.depth = 3").mutated == {"model"}
+
+
+def test_augmented_subscript_assignment_mutates() -> None:
+    assert names("counts[key] += 1").mutated == {"counts"}
+
+
+def test_del_of_an_item_mutates_not_deletes() -> None:
+    result = names("del cache['k']")
+    assert result.mutated == {"cache"}
+    assert result.deleted == set()
+
+
+def test_inplace_true_mutates_the_receiver() -> None:
+    assert names("out = df.dropna(inplace=True)").mutated == {"df"}
+
+
+def test_method_chain_through_a_call_mutates_nothing() -> None:
+    assert names("make().append(1)").mutated == set()
+
+
+def test_mutation_inside_a_loop_body_is_seen() -> None:
+    assert names("for r in reader:\n    rows.append(r)").mutated == {"rows"}
+
+
+def test_mutation_inside_a_function_body_is_not_seen() -> None:
+    assert names("def add(r):\n    rows.append(r)").mutated == set()
+
+
+# -- IPython syntax and bad input ------------------------------------------------
+
+
+def test_line_magic_alone_is_ignored() -> None:
+    result = names("%matplotlib inline\nx = 1")
+    assert result.defined == {"x"}
+    assert not result.parse_error
+
+
+def test_time_magic_analyses_the_timed_statement() -> None:
+    result = names("%time x = f(y)")
+    assert result.defined == {"x"}
+    assert result.used == {"f", "y"}
+
+
+def test_timeit_options_are_skipped() -> None:
+    assert names("%timeit -n 10 -r3 f(y)").used == {"f", "y"}
+
+
+def test_shell_escape_is_ignored() -> None:
+    result = names("!ls -la\ny = 2")
+    assert result.defined == {"y"}
+    assert not result.parse_error
+
+
+def test_assignment_from_a_shell_escape_or_magic_defines_the_target() -> None:
+    assert names("files = !ls\nenv = %env").defined == {"files", "env"}
+
+
+def test_help_syntax_is_ignored() -> None:
+    result = names("obj?\nlen??\n?print\nz = 0")
+    assert result.defined == {"z"}
+    assert not result.parse_error
+
+
+def test_indented_magic_keeps_the_block_valid() -> None:
+    result = names("for i in range(2):\n    %time v = g(i)")
+    assert result.defined == {"i", "v"}
+    assert result.used == {"g"}
+
+
+def test_non_python_cell_magic_has_no_names() -> None:
+    result = names("%%bash\nfor f in *.csv; do echo $f; done")
+    assert result == CellNames()
+
+
+def test_writefile_cell_magic_has_no_names() -> None:
+    assert names("%%writefile script.py\nx = 1\n") == CellNames()
+
+
+def test_timing_cell_magic_analyses_the_body() -> None:
+    result = names("%%time\ntotal = sum(values)")
+    assert result.defined == {"total"}
+    assert result.used == {"values"}
+
+
+def test_capture_cell_magic_binds_its_variable() -> None:
+    result = names("%%capture output --no-stderr\nprint(x)")
+    assert result.defined == {"output"}
+    assert result.used == {"x"}
+
+
+def test_top_level_await_parses() -> None:
+    result = names("data = await fetch(url)")
+    assert result.defined == {"data"}
+    assert result.used == {"fetch", "url"}
+
+
+def test_syntax_error_sets_parse_error_with_empty_sets() -> None:
+    result = names("def broken(:\n")
+    assert result.parse_error
+    assert result.defined == set() and result.used == set()
+
+
+def test_null_bytes_are_a_parse_error_not_a_crash() -> None:
+    assert names("x = 1\x00").parse_error
+
+
+def test_deep_nesting_is_a_parse_error_not_a_crash() -> None:
+    assert names("x = " + "(" * 5000 + "1" + ")" * 5000).parse_error
+
+
+def test_invalid_escape_warning_does_not_escape() -> None:
+    # pytest turns warnings into errors here; the parse must stay silent
+    assert names("pattern = '\\d+'").defined == {"pattern"}
+
+
+def test_empty_cell_has_no_names() -> None:
+    assert names("") == CellNames()
+    assert names("# only a comment\n") == CellNames()
+
+
+def test_class_and_function_definitions_are_told_apart() -> None:
+    result = names("class A:\n    pass\ndef b():\n    pass")
+    a, b = result.functions
+    assert (a.name, a.is_class) == ("A", True)
+    assert (b.name, b.is_class) == ("b", False)

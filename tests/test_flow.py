@@ -1,0 +1,485 @@
+"""Carrying reads forward across cells: scenarios as sequences of cells.
+
+Each cell is (cell id, code, files it read, files it wrote), as the Host
+would report it after capture; the code is never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from host_kernel.lineage.flow import DEF_USE, OBSERVED, RECEIPT, FlowTracker, Source
+
+Cell = tuple[str, str, Sequence[str], Sequence[str]]
+
+
+def read(path: str, cell: str, sha: str | None = None) -> Source:
+    return Source(key=f"file:{path}", method=OBSERVED, via_cell=cell, sha256=sha)
+
+
+def run(cells: Sequence[Cell], tracker: FlowTracker | None = None) -> FlowTracker:
+    tracker = tracker or FlowTracker()
+    for cell_id, code, reads, writes in cells:
+        tracker.observe_cell(cell_id, code, [read(p, cell_id) for p in reads], list(writes))
+    return tracker
+
+
+def summary(sources: Sequence[Source]) -> list[tuple[str, str, str]]:
+    return [(s.key, s.method, s.via_cell) for s in sources]
+
+
+# -- basic edges -----------------------------------------------------------------
+
+
+def test_read_in_the_writing_cell_is_an_observed_input() -> None:
+    tracker = run(
+        [("c1", "open('out.csv', 'w').write(open('in.csv').read())", ["in.csv"], ["out.csv"])]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", OBSERVED, "c1")]
+
+
+def test_read_flows_through_a_variable_to_a_later_write() -> None:
+    tracker = run(
+        [
+            ("c1", "data = open('in.csv').read()", ["in.csv"], []),
+            ("c2", "open('out.csv', 'w').write(data.upper())", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", DEF_USE, "c1")]
+
+
+def test_hash_at_read_time_is_kept() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "data = load()", [read("in.csv", "c1", sha="ab" * 32)], [])
+    tracker.observe_cell("c2", "save(data)", [], ["out.csv"])
+    (source,) = tracker.inputs_for_file("out.csv")
+    assert source.sha256 == "ab" * 32
+
+
+def test_chain_over_several_cells_is_followed() -> None:
+    tracker = run(
+        [
+            ("c1", "raw = load('in.csv')", ["in.csv"], []),
+            ("c2", "clean = tidy(raw)", [], []),
+            ("c3", "table = summarise(clean)", [], []),
+            ("c4", "save('out.csv', table)", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", DEF_USE, "c1")]
+
+
+def test_direct_reads_and_carried_reads_combine_in_cell_order() -> None:
+    tracker = run(
+        [
+            ("c1", "a = load('a.csv')", ["a.csv"], []),
+            ("c2", "b = load('b.csv')", ["b.csv"], []),
+            ("c3", "save(a, b, load('c.csv'))", ["c.csv"], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [
+        ("file:c.csv", OBSERVED, "c3"),
+        ("file:a.csv", DEF_USE, "c1"),
+        ("file:b.csv", DEF_USE, "c2"),
+    ]
+
+
+def test_a_file_never_written_has_no_inputs() -> None:
+    tracker = run([("c1", "data = load('in.csv')", ["in.csv"], [])])
+    assert tracker.inputs_for_file("in.csv") == ()
+    assert tracker.inputs_for_file("nowhere.csv") == ()
+
+
+# -- precision -------------------------------------------------------------------
+
+
+def test_decoy_read_whose_variable_is_unused_does_not_appear() -> None:
+    tracker = run(
+        [
+            ("c1", "real = load('real.csv')", ["real.csv"], []),
+            ("c2", "decoy = load('decoy.csv')", ["decoy.csv"], []),
+            ("c3", "save('out.csv', real)", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:real.csv", DEF_USE, "c1")]
+
+
+def test_path_named_in_a_string_but_never_opened_does_not_appear() -> None:
+    tracker = run(
+        [("c1", "path = 'secret.csv'\nopen('out.txt', 'w').write(path)", [], ["out.txt"])]
+    )
+    assert tracker.inputs_for_file("out.txt") == ()
+
+
+def test_rebinding_a_variable_cuts_the_stale_edge() -> None:
+    tracker = run(
+        [
+            ("c1", "x = load('old.csv')", ["old.csv"], []),
+            ("c2", "x = load('new.csv')", ["new.csv"], []),
+            ("c3", "save('out.csv', x)", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:new.csv", DEF_USE, "c2")]
+
+
+def test_del_clears_a_names_taint() -> None:
+    tracker = run([("c1", "x = load('a.csv')", ["a.csv"], []), ("c2", "del x", [], [])])
+    assert tracker.names_taint("x") == ()
+
+
+def test_reads_within_one_cell_reach_every_name_it_binds() -> None:
+    # documented cell-level approximation: both names get both reads
+    tracker = run(
+        [
+            ("c1", "a = load('a.csv')\nb = load('b.csv')", ["a.csv", "b.csv"], []),
+            ("c2", "save('out.csv', a)", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv", "file:b.csv"]
+
+
+def test_inputs_are_a_snapshot_taken_when_the_file_was_written() -> None:
+    tracker = run(
+        [
+            ("c1", "x = load('a.csv')", ["a.csv"], []),
+            ("c2", "save('out.csv', x)", [], ["out.csv"]),
+            ("c3", "x = load('b.csv')", ["b.csv"], []),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv"]
+
+
+# -- mutation, imports, builtins --------------------------------------------------
+
+
+def test_mutation_adds_the_new_taint_to_the_old() -> None:
+    tracker = run(
+        [
+            ("c1", "rows = load('base.csv')", ["base.csv"], []),
+            ("c2", "x = load('extra.csv')", ["extra.csv"], []),
+            ("c3", "rows.append(x)", [], []),
+            ("c4", "save('out.csv', rows)", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [
+        ("file:base.csv", DEF_USE, "c1"),
+        ("file:extra.csv", DEF_USE, "c2"),
+    ]
+
+
+def test_mutation_of_an_empty_container_carries_the_appended_value() -> None:
+    tracker = run(
+        [
+            ("c1", "rows = []", [], []),
+            ("c2", "x = load('a.csv')", ["a.csv"], []),
+            ("c3", "rows.append(x)", [], []),
+            ("c4", "save('out.csv', rows)", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv"]
+
+
+def test_imported_modules_carry_no_taint() -> None:
+    tracker = run(
+        [
+            ("c1", "import json\ncfg = json.load(open('cfg.json'))", ["cfg.json"], []),
+            (
+                "c2",
+                "other = load('other.csv')\njson.dump(other, open('x.json', 'w'))",
+                ["other.csv"],
+                [],
+            ),
+            ("c3", "json.dump({'k': 1}, open('out.json', 'w'))", [], ["out.json"]),
+        ]
+    )
+    assert tracker.names_taint("json") == ()
+    assert tracker.inputs_for_file("out.json") == ()
+
+
+def test_a_shadowed_builtin_still_carries_its_taint() -> None:
+    tracker = run(
+        [
+            ("c1", "max = load('a.csv')", ["a.csv"], []),
+            ("c2", "save('out.csv', max)", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv"]
+
+
+# -- re-running and rewriting -----------------------------------------------------
+
+
+def test_rerun_cell_under_a_new_id_replaces_the_taint() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "x = load('a.csv')", [read("a.csv", "c1", sha="1" * 64)], [])
+    tracker.observe_cell("c2", "save('out.csv', x)", [], ["out.csv"])
+    tracker.observe_cell("c3", "x = load('a.csv')", [read("a.csv", "c3", sha="2" * 64)], [])
+    tracker.observe_cell("c4", "save('out2.csv', x)", [], ["out2.csv"])
+    (first,) = tracker.inputs_for_file("out.csv")
+    (second,) = tracker.inputs_for_file("out2.csv")
+    assert (first.via_cell, first.sha256) == ("c1", "1" * 64)
+    assert (second.via_cell, second.sha256) == ("c3", "2" * 64)
+
+
+def test_rewriting_a_file_in_place_keeps_its_previous_inputs_not_itself() -> None:
+    tracker = run(
+        [
+            ("c1", "save('out.csv', load('in.csv'))", ["in.csv"], ["out.csv"]),
+            ("c2", "t = load('out.csv')\nsave('out.csv', t.strip())", ["out.csv"], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", OBSERVED, "c1")]
+
+
+def test_rewriting_through_a_variable_is_also_in_place() -> None:
+    tracker = run(
+        [
+            ("c1", "save('out.csv', load('in.csv'))", ["in.csv"], ["out.csv"]),
+            ("c2", "t = load('out.csv')", ["out.csv"], []),
+            ("c3", "save('out.csv', t.strip())", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:in.csv"]
+
+
+def test_overwriting_a_file_replaces_its_inputs() -> None:
+    tracker = run(
+        [
+            ("c1", "save('out.csv', load('a.csv'))", ["a.csv"], ["out.csv"]),
+            ("c2", "save('out.csv', load('b.csv'))", ["b.csv"], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:b.csv"]
+
+
+def test_rename_moves_the_inputs_to_the_new_name() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell(
+        "c1",
+        "save('tmp.part', load('in.csv'))\nos.replace('tmp.part', 'final.csv')",
+        [read("in.csv", "c1")],
+        ["tmp.part", "final.csv"],
+        renames=[("tmp.part", "final.csv")],
+    )
+    assert [s.key for s in tracker.inputs_for_file("final.csv")] == ["file:in.csv"]
+    assert tracker.inputs_for_file("tmp.part") == ()
+
+
+def test_rename_in_a_later_cell_keeps_the_original_inputs() -> None:
+    tracker = run([("c1", "save('a.csv', load('in.csv'))", ["in.csv"], ["a.csv"])])
+    tracker.observe_cell(
+        "c2", "os.rename('a.csv', 'b.csv')", [], ["b.csv"], renames=[("a.csv", "b.csv")]
+    )
+    assert [s.key for s in tracker.inputs_for_file("b.csv")] == ["file:in.csv"]
+
+
+def test_removed_file_is_forgotten() -> None:
+    tracker = run([("c1", "save('out.csv', load('in.csv'))", ["in.csv"], ["out.csv"])])
+    tracker.observe_cell("c2", "os.remove('out.csv')", [], [], removes=["out.csv"])
+    assert tracker.inputs_for_file("out.csv") == ()
+    assert "out.csv" not in tracker.written_files()
+
+
+# -- receipts and artifacts --------------------------------------------------------
+
+
+def test_receipt_write_lists_the_script_and_the_receipt() -> None:
+    tracker = FlowTracker()
+    script = read("make.py", "c1", sha="cd" * 32)
+    tracker.note_receipt_write("out.csv", "r-1", [script], cell_id="c1")
+    assert tracker.inputs_for_file("out.csv") == (
+        script,
+        Source(key="receipt:r-1", method=RECEIPT, via_cell="c1"),
+    )
+
+
+def test_receipt_write_merges_with_the_same_cells_own_write() -> None:
+    tracker = FlowTracker()
+    tracker.note_receipt_write("out.csv", "r-1", [read("make.py", "c1")], cell_id="c1")
+    tracker.observe_cell(
+        "c1", "append('out.csv', load('extra.csv'))", [read("extra.csv", "c1")], ["out.csv"]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == [
+        "file:extra.csv",
+        "file:make.py",
+        "receipt:r-1",
+    ]
+
+
+def test_a_later_cell_overwriting_a_receipt_output_replaces_it() -> None:
+    tracker = FlowTracker()
+    tracker.note_receipt_write("out.csv", "r-1", [read("make.py", "c1")], cell_id="c1")
+    tracker.observe_cell("c1", "pass", [], [])
+    tracker.observe_cell("c2", "save('out.csv', 1)", [], ["out.csv"])
+    assert tracker.inputs_for_file("out.csv") == ()
+
+
+def test_artifact_source_flows_through_a_variable() -> None:
+    artifact = Source(
+        key="artifact:6f1c0e52-4b1f-4d0e-9a43-4a8f5c1e2d3b", method=OBSERVED, via_cell="c1"
+    )
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "df = host.load_artifact(aid)", [artifact], [])
+    tracker.observe_cell("c2", "df.to_csv('out.csv')", [], ["out.csv"])
+    assert summary(tracker.inputs_for_file("out.csv")) == [(artifact.key, DEF_USE, "c1")]
+
+
+# -- functions and classes ---------------------------------------------------------
+
+
+def test_function_defined_before_its_data_carries_the_data_when_called() -> None:
+    tracker = run(
+        [
+            ("c1", "def summary():\n    return data.mean()", [], []),
+            ("c2", "data = load('in.csv')", ["in.csv"], []),
+            ("c3", "save('out.csv', summary())", [], ["out.csv"]),
+        ]
+    )
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", DEF_USE, "c2")]
+
+
+def test_function_resolves_its_globals_at_call_time() -> None:
+    tracker = run(
+        [
+            ("c1", "data = load('old.csv')", ["old.csv"], []),
+            ("c2", "def summary():\n    return data.mean()", [], []),
+            ("c3", "data = load('new.csv')", ["new.csv"], []),
+            ("c4", "save('out.csv', summary())", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:new.csv"]
+
+
+def test_function_default_keeps_the_value_of_its_definition() -> None:
+    tracker = run(
+        [
+            ("c1", "data = load('old.csv')", ["old.csv"], []),
+            ("c2", "def summary(frame=data):\n    return frame.mean()", [], []),
+            ("c3", "data = load('new.csv')", ["new.csv"], []),
+            ("c4", "save('out.csv', summary())", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:old.csv"]
+
+
+def test_function_calling_a_later_defined_helper_is_followed() -> None:
+    tracker = run(
+        [
+            ("c1", "def report():\n    return helper()", [], []),
+            ("c2", "def helper():\n    return table", [], []),
+            ("c3", "table = load('t.csv')", ["t.csv"], []),
+            ("c4", "save('out.csv', report())", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:t.csv"]
+
+
+def test_recursive_function_does_not_loop() -> None:
+    tracker = run(
+        [
+            ("c1", "def walk(n):\n    return walk(n - 1) if n else seed", [], []),
+            ("c2", "seed = load('s.csv')", ["s.csv"], []),
+        ]
+    )
+    assert [s.key for s in tracker.names_taint("walk")] == ["file:s.csv"]
+
+
+def test_function_defined_in_a_reading_cell_does_not_take_the_cells_reads() -> None:
+    tracker = run(
+        [
+            (
+                "c1",
+                "df = load('in.csv')\ndef describe(x):\n    return x.describe()",
+                ["in.csv"],
+                [],
+            ),
+            ("c2", "other = load('other.csv')", ["other.csv"], []),
+            ("c3", "save('out.csv', describe(other))", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:other.csv"]
+
+
+def test_class_body_runs_at_definition_and_takes_the_cells_reads() -> None:
+    tracker = run(
+        [
+            ("c1", "class Config:\n    values = json.load(open('cfg.json'))", ["cfg.json"], []),
+            ("c2", "save('out.csv', Config.values)", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:cfg.json"]
+
+
+# -- odd cells and bounds ----------------------------------------------------------
+
+
+def test_cell_that_does_not_parse_keeps_only_its_direct_reads() -> None:
+    tracker = run(
+        [
+            ("c1", "x = load('a.csv')", ["a.csv"], []),
+            ("c2", "save('out.csv', x) +", ["b.csv"], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:b.csv"]
+
+
+def test_ipython_magic_cell_is_analysed() -> None:
+    tracker = run(
+        [
+            ("c1", "%time x = load('a.csv')", ["a.csv"], []),
+            ("c2", "!echo hi\nsave('out.csv', x)", [], ["out.csv"]),
+        ]
+    )
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv"]
+
+
+def test_same_file_same_bytes_read_twice_is_one_input() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "a = load()", [read("in.csv", "c1", sha="e" * 64)], [])
+    tracker.observe_cell("c2", "save(a, load())", [read("in.csv", "c2", sha="e" * 64)], ["out.csv"])
+    assert summary(tracker.inputs_for_file("out.csv")) == [("file:in.csv", OBSERVED, "c2")]
+
+
+def test_inputs_beyond_the_bound_are_cut_and_flagged() -> None:
+    tracker = FlowTracker(max_sources=3)
+    reads = [read(f"f{i}.csv", "c1") for i in range(5)]
+    tracker.observe_cell("c1", "save(load_all())", reads, ["out.csv"])
+    assert len(tracker.inputs_for_file("out.csv")) == 3
+    assert tracker.is_truncated("out.csv")
+
+
+def test_name_taint_beyond_the_bound_flags_files_written_from_it() -> None:
+    tracker = FlowTracker(max_sources=2)
+    tracker.observe_cell("c1", "x = load_all()", [read(f"f{i}.csv", "c1") for i in range(4)], [])
+    tracker.observe_cell("c2", "save(x)", [], ["out.csv"])
+    assert len(tracker.names_taint("x")) == 2
+    assert tracker.is_truncated("out.csv")
+
+
+def test_unbounded_cell_is_not_flagged() -> None:
+    tracker = run([("c1", "save(load('a.csv'))", ["a.csv"], ["out.csv"])])
+    assert not tracker.is_truncated("out.csv")
+
+
+# -- values ------------------------------------------------------------------------
+
+
+def test_source_rejects_an_unknown_method() -> None:
+    with pytest.raises(ValueError, match="unknown source method"):
+        Source(key="file:a", method="guessed", via_cell="c1")
+
+
+def test_source_serialises_to_a_plain_dict() -> None:
+    source = Source(key="file:a.csv", method=OBSERVED, via_cell="c1", sha256="f" * 64)
+    assert source.to_dict() == {
+        "key": "file:a.csv",
+        "method": "observed",
+        "via_cell": "c1",
+        "sha256": "f" * 64,
+    }
+
+
+def test_max_sources_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_sources"):
+        FlowTracker(max_sources=0)
