@@ -183,8 +183,137 @@ EXEC = Command(
     run=_exec_run,
 )
 
-#: Every subcommand, in the order ``--help`` lists them.
-COMMANDS: list[Command] = [EXEC]
+# ---------------------------------------------------------------------- audit
+
+
+def _record_dir(value: str) -> Path:
+    path = Path(value)
+    if (path / ".host_kernel" / "ledger.sqlite").is_file():
+        path = path / ".host_kernel"  # a workdir was given: use its default record
+    if not (path / "ledger.sqlite").is_file():
+        raise UsageError(f"{value} is not a record folder (no ledger.sqlite in it)")
+    return path
+
+
+def _audit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("record", help="the record folder (or a workdir holding .host_kernel)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--strict", action="store_true",
+                        help="treat lineage drift (an input file changed since) as a failure")
+
+
+def _audit_run(args: argparse.Namespace) -> int:
+    import json
+
+    from .audit import audit, print_progress
+
+    report = audit(_record_dir(args.record), strict=args.strict,
+                   progress=print_progress if not args.json else lambda *a: None)
+    if args.json:
+        _print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for finding in report.findings:
+            _print(str(finding))
+        _print(report.summary())
+    return EXIT_OK if report.clean else EXIT_FAILED
+
+
+AUDIT = Command(
+    name="audit",
+    help="re-check a record offline: chain, blobs, receipts, lineage drift, submissions",
+    add_arguments=_audit_arguments,
+    run=_audit_run,
+)
+
+
+# ---------------------------------------------------------------------- lineage, receipt
+
+
+def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact_id", help="the artifact's UUID")
+    parser.add_argument("--record", required=True, help="the record folder")
+    parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json"),
+                        default="text", help="output format (default: text)")
+
+
+def _lineage_run(args: argparse.Namespace) -> int:
+    import json
+
+    from ._errors import FileProblem
+    from .lineage.graph import build_lineage
+    from .store.ledger import SQLiteLedger
+
+    with SQLiteLedger(_record_dir(args.record) / "ledger.sqlite") as ledger:
+        try:
+            graph = build_lineage(ledger, args.artifact_id)
+        except FileProblem as exc:
+            raise UsageError(exc.message) from None
+    out = {"text": graph.to_text, "mermaid": graph.to_mermaid, "dot": graph.to_dot,
+           "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
+           "json": lambda: json.dumps(graph.to_dict(), indent=2) + "\n"}[args.format]()
+    sys.stdout.write(out)
+    return EXIT_OK
+
+
+LINEAGE = Command(
+    name="lineage",
+    help="show an artifact's lineage as text, Mermaid, Graphviz DOT or W3C PROV-JSON",
+    add_arguments=_lineage_arguments,
+    run=_lineage_run,
+)
+
+
+def _receipt_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("receipt_id", help="the receipt's UUID")
+    parser.add_argument("--record", required=True, help="the record folder")
+
+
+def _receipt_run(args: argparse.Namespace) -> int:
+    import json
+
+    from ._errors import FileProblem
+    from .lineage.graph import receipt_statement
+    from .store.ledger import SQLiteLedger
+
+    with SQLiteLedger(_record_dir(args.record) / "ledger.sqlite") as ledger:
+        try:
+            statement = receipt_statement(ledger, args.receipt_id)
+        except FileProblem as exc:
+            raise UsageError(exc.message) from None
+    _print(json.dumps(statement, indent=2))
+    return EXIT_OK
+
+
+RECEIPT = Command(
+    name="receipt",
+    help="export a host.bash receipt as an in-toto Statement v1 (link predicate)",
+    add_arguments=_receipt_arguments,
+    run=_receipt_run,
+)
+
+
+#: Every subcommand, in the order ``--help`` lists them. Commands that live with the
+#: part they drive are added from the modules named in :data:`COMMAND_MODULES`.
+COMMANDS: list[Command] = [EXEC, AUDIT, LINEAGE, RECEIPT]
+
+#: Modules that each define ``COMMANDS: list[Command]`` (the kernelspec front, the
+#: agent loop, the MCP server); loaded when the parser is built.
+COMMAND_MODULES = ("host_kernel.control.commands", "host_kernel.agent.commands")
+
+
+def all_commands() -> list[Command]:
+    from importlib import import_module
+
+    found = list(COMMANDS)
+    for name in COMMAND_MODULES:
+        try:
+            module = import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and name.startswith(exc.name):
+                continue  # that part is not built in this version
+            raise
+        found.extend(module.COMMANDS)
+    return found
 
 
 # ---------------------------------------------------------------------- entry point
@@ -197,7 +326,7 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
                     "nothing is accepted that the Host's own record does not back.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in COMMANDS if commands is None else commands:
+    for command in all_commands() if commands is None else commands:
         p = sub.add_parser(command.name, help=command.help,
                            description=command.description or command.help)
         command.add_arguments(p)

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -41,12 +41,14 @@ from .._errors import (
 )
 from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Verdict
+from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import CommandContext, Redactor, run_command
 from ._kernel import KernelGeneration, kernel_env
+from ._lineage import CellIO, SessionLineage, confirm_with_llm
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
 from ._server import CallServer, Emit
 from ._workspace import Workspace
@@ -77,6 +79,8 @@ class _RunningCell:
     cell_id: str
     generation: int
     token: str
+    code: str = ""
+    io: CellIO = field(default_factory=CellIO)
 
 
 def _default_record_dir(workdir: Path) -> Path:
@@ -102,6 +106,7 @@ class Host:
         startup_timeout: float = 60.0,
         secret_names: tuple[str, ...] = (),
         front: str = "api",
+        llm: Any = None,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -116,6 +121,9 @@ class Host:
         self.session_id = mint_uuid()
         self.workspace = Workspace(self.workdir, self.record_dir)
         self.redactor = Redactor(secret_names)
+        #: An optional LLM client (host_kernel.llm.LLMClient) that may narrow lineage.
+        self.llm = llm
+        self.lineage = SessionLineage(self.workspace)
         self.state = HostState.UNOPENED
         self._kernel: KernelGeneration | None = None
         self._running: _RunningCell | None = None
@@ -144,6 +152,7 @@ class Host:
             "artifacts": self._call_artifacts,
             "cell_access": self._call_cell_access,
             "submit_output": self._call_submit_output,
+            "lineage": self._call_lineage,
         }
         #: seq → hash of every event this Host appended: the anchor that an edit of the
         #: SQLite file (even one that recomputes the whole chain) cannot move.
@@ -274,7 +283,8 @@ class Host:
             cell_id = mint_cell_id()
             self._append("cell_started", {"cell_id": cell_id, "generation": kernel.generation,
                                           "code": code, "frontend_cell_id": frontend_cell_id})
-            self._running = _RunningCell(cell_id, kernel.generation, kernel.token)
+            running = self._running = _RunningCell(cell_id, kernel.generation, kernel.token,
+                                                   code)
             t0 = time.monotonic()
             try:
                 run = self._run(kernel, code, cell_id, timeout)
@@ -311,6 +321,10 @@ class Host:
                 body["dropped_chars"] = run.dropped_chars
             if run.access is not None:
                 body["access"] = run.access
+            try:
+                self.lineage.cell_finished(cell_id, code, run.access, running.io)
+            except Exception as exc:  # lineage is evidence about data, never about acceptance
+                body["lineage_error"] = f"{type(exc).__name__}: {exc}"
             self._append("cell_finished", body)
             text = self._text(cell_id, run.status, outputs, notice, run.dropped_chars)
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
@@ -555,6 +569,7 @@ class Host:
         return value.encode("utf-8", "surrogateescape")
 
     def _record_write(self, cell: _RunningCell, written: Any, op: str) -> dict[str, Any]:
+        cell.io.writes.append(written.path)
         self._append("file_written", {"cell_id": cell.cell_id, "path": written.path,
                                       "sha256": written.sha256, "size": written.size, "op": op})
         return {"path": written.path, "sha256": written.sha256, "size": written.size}
@@ -586,6 +601,7 @@ class Host:
 
     def _call_read_file(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
         rel, data = self.workspace.read_bytes(args.get("path"))
+        cell.io.reads.append(rel)
         if args.get("binary"):
             return {"path": rel, "content_b64": base64.b64encode(data).decode("ascii")}
         try:
@@ -621,6 +637,10 @@ class Host:
         try:
             body = self.redactor.deep(run_command(command, cwd, dict(env), timeout, ctx, emit))
             self._append("receipt_recorded", body)
+            try:
+                self.lineage.receipt(cell.cell_id, body)
+            except Exception:  # noqa: BLE001 - lineage never blocks a receipt
+                pass
         finally:
             recorded.set()
         return body
@@ -640,16 +660,30 @@ class Host:
         assert self.blobs is not None
         ref = self.blobs.put_file(real)
         name = filename or real.name
+        rel = self.workspace.relative(real)
         media = mimetypes.guess_type(name)[0] or "application/octet-stream"
         body = {"artifact_id": mint_uuid(), "filename": name, "sha256": ref.sha256,
                 "size": ref.size, "media_type": media, "cell_id": cell.cell_id,
-                "generation": cell.generation, "source_path": self.workspace.relative(real),
-                "lineage": self._lineage_for(cell, self.workspace.relative(real), ref.sha256)}
+                "generation": cell.generation, "source_path": rel,
+                "lineage": self._lineage_for(cell, rel, args.get("access"))}
         self._append("artifact_saved", body)
         return Artifact.from_dict(body).to_dict()
 
-    def _lineage_for(self, cell: _RunningCell, rel: str, sha256: str) -> Any:
-        return None  # filled in by the lineage step
+    def _lineage_for(self, cell: _RunningCell, rel: str, access: Any) -> dict[str, Any]:
+        try:
+            lineage = self.lineage.inputs_at_save(cell.cell_id, cell.code, rel, access, cell.io)
+        except Exception as exc:  # noqa: BLE001 - an artifact is saved even if lineage fails
+            return {"inputs": [], "truncated": False, "error": f"{type(exc).__name__}: {exc}"}
+        if self.llm is not None and lineage["inputs"]:
+            lineage = confirm_with_llm(self.llm, cell.code, lineage)
+        return lineage
+
+    def _call_lineage(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+        artifact_id = args.get("artifact_id")
+        if not isinstance(artifact_id, str):
+            raise BadArguments("lineage(artifact_id): artifact_id must be a str (the UUID)")
+        assert self.ledger is not None
+        return build_lineage(self.ledger, artifact_id, session=self.session_id).to_dict()
 
     def _artifact_row(self, artifact_id: object) -> Any:
         if not isinstance(artifact_id, str):
@@ -670,6 +704,7 @@ class Host:
             raise FileProblem(f"artifact {row['artifact_id']}'s stored bytes no longer match "
                               f"its sha256; the store was altered")
         written = self.workspace.write_bytes(target, self.blobs.read(row["sha256"]))
+        cell.io.loads.append((row["artifact_id"], written.path, row["sha256"]))
         self._append("artifact_loaded", {"cell_id": cell.cell_id,
                                          "artifact_id": row["artifact_id"], "path": written.path})
         self._append("file_written", {"cell_id": cell.cell_id, "path": written.path,

@@ -177,3 +177,28 @@ class SessionLineage:
             item.update(receipt_id=rest, command=body.get("command"),
                         exit_status=body.get("exit_status"))
         return item
+
+
+def confirm_with_llm(llm: Any, code: str, lineage: dict[str, Any]) -> dict[str, Any]:
+    """Ask the dataflow-provenance prompt which candidates flowed in; it may only narrow.
+
+    Kept inputs are marked ``llm-confirmed``; names that are not candidates are
+    discarded and recorded; an unusable answer or a failed call leaves the
+    candidates as they were and says why.
+    """
+    from ..prompts import PromptAnswerError, render, restrict_to_candidates
+
+    candidates = [item["key"] for item in lineage["inputs"]]
+    try:
+        answer = render("dataflow_provenance", code, llm, candidates=candidates)
+        kept, discarded = restrict_to_candidates(answer, candidates)
+    except PromptAnswerError as exc:
+        return lineage | {"llm": {"error": f"unusable answer: {exc}"}}
+    except Exception as exc:  # noqa: BLE001 - the LLM is optional; lineage stands without it
+        return lineage | {"llm": {"error": f"{type(exc).__name__}: {exc}"}}
+    kept_set = set(kept)
+    inputs = [dict(item, method="llm-confirmed") for item in lineage["inputs"]
+              if item["key"] in kept_set]
+    dropped = [item["key"] for item in lineage["inputs"] if item["key"] not in kept_set]
+    return lineage | {"inputs": inputs, "llm": {"kept": kept, "dropped": dropped,
+                                                  "discarded_non_candidates": discarded}}

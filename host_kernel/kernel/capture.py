@@ -55,7 +55,13 @@ Limits, on purpose:
   symlinked folder. A symlink inside the workspace is recorded by the name
   that was opened.
 * Each list is bounded (``max_paths``, 10,000 by default); past the bound the
-  list stops growing and ``truncated`` is set.
+  list stops growing and ``truncated`` is set. The bound counts names as
+  first seen, before ``end()`` normalises the rare ones with ``.``/``..``.
+
+Cost: every audited event in the process pays one frozenset test; an
+``open`` of a workspace file during a cell pays a few dict and string
+operations (about 1 µs on a slow shared CPU), which kept a cell opening
+10,000 small files within about 1.1x of its untraced time.
 """
 
 from __future__ import annotations
@@ -194,7 +200,8 @@ class Capture:
     """Attribute file accesses in this process to the cell being run.
 
     Life cycle: ``install()`` once (audit hooks cannot be removed), then
-    ``begin(cell_key)`` / ``end()`` around each cell. Capture never raises into
+    ``begin(cell_key)`` / ``end()`` around each cell; ``peek()`` reads the
+    open cell so far without ending it. Capture never raises into
     the kernel's cell loop: ``begin()`` while a cell is open discards that
     cell's capture and starts the new one, and ``end()`` with no open cell
     returns an empty :class:`CellAccess`.
@@ -270,11 +277,18 @@ class Capture:
         self._cell_key = cell_key
         self._state = _CellState(self._max_paths)
 
+    def peek(self) -> CellAccess:
+        """What the open cell has done so far, without ending it (for a save mid-cell)."""
+        return self._access(self._state)
+
     def end(self) -> CellAccess:
         """Stop capturing and return what the cell did."""
         state = self._state
         self._state = None
         self._cell_key = None
+        return self._access(state)
+
+    def _access(self, state: _CellState | None) -> CellAccess:
         if state is None:
             return CellAccess()
         # list() of a dict is one C call under the GIL, so a late hook in

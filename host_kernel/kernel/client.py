@@ -29,6 +29,7 @@ class HostClient:
         self._token = token
         self._generation = generation
         self._http: Any = None  # httpx.Client, made on first use to keep start-up fast
+        self._capture: Any = None  # the extension's Capture, for reads so far in this cell
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> HostClient | None:
@@ -141,8 +142,20 @@ class HostClient:
 
     def save_artifact(self, path: str | os.PathLike[str], filename: str | None = None) -> Artifact:
         """Copy a workspace file into the content-addressed store, with lineage."""
+        access = None
+        if self._capture is not None:
+            try:
+                access = self._capture.peek().to_dict()
+            except Exception:  # lineage is best effort; the save must not fail for it
+                access = None
         return Artifact.from_dict(self._call("save_artifact", path=_path_arg(path),
-                                             filename=filename))
+                                             filename=filename, access=access))
+
+    def lineage(self, artifact_id: str) -> Any:
+        """The artifact's upstream graph (bounded; ``truncated`` says when cut)."""
+        from ..lineage.graph import Lineage
+
+        return Lineage.from_dict(self._call("lineage", artifact_id=artifact_id))
 
     def load_artifact(self, artifact_id: str, path: str | None = None) -> str:
         """Materialise an artifact's bytes into the workspace; returns the path written."""

@@ -29,6 +29,7 @@ def load_ipython_extension(ip: Any) -> None:
     ignore = [p for p in (os.environ.get("HOST_KERNEL_RECORD"),) if p]
     capture = Capture(os.path.realpath(workspace), ignore=ignore)
     capture.install()
+    client._capture = capture
 
     def before(info: Any) -> None:
         capture.begin("cell")

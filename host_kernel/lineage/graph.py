@@ -242,19 +242,12 @@ def build_lineage(
             continue
         row = rows[0]
         anode = f"artifact:{aid}"
-        if not add(
-            LineageNode(
-                anode,
-                "artifact",
-                row["filename"],
-                {
-                    "artifact_id": aid,
-                    "sha256": row["sha256"],
-                    "size": row["size"],
-                    "source_path": row["source_path"],
-                },
-            )
-        ):
+        full = LineageNode(anode, "artifact", row["filename"], {
+            "artifact_id": aid, "sha256": row["sha256"], "size": row["size"],
+            "source_path": row["source_path"]})
+        if anode in nodes:
+            nodes[anode] = full  # first met as an input, by id only
+        elif not add(full):
             break
         cnode = f"cell:{row['cell_id']}"
         if add(
