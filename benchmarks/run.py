@@ -438,6 +438,110 @@ def bench_save_artifact(plan: Plan) -> Result:
                f"the store fsyncs, cp does not) {fmt_seconds(statistics.median(synced))}")))
 
 
+@benchmark("verify_200", target=1.0,
+           ours="`Host.submit` of an armed submission: 200 source files, 20 test-evidence "
+                "entries (chain checked, projection rebuilt, every check)",
+           baseline="the absolute target, 200 ms (the ratio is ours / 200 ms)")
+def bench_verify(plan: Plan) -> Result:
+    from host_kernel.verify import Submission
+
+    n = plan.n(15, 5)
+    files = {f"pkg/mod_{i:03d}.py": f"VALUE = {i}\n" for i in range(199)}
+    files["tests/test_pkg.py"] = ("import unittest\n\n\nclass T(unittest.TestCase):\n"
+                                  "    def test_ok(self):\n        self.assertTrue(True)\n")
+    with scratch() as root, Host(root, mode="reusable_pipeline") as host:
+        writes = "\n".join(f"host.write_file({p!r}, {c!r}); host.save_artifact({p!r})"
+                            for p, c in files.items())
+        run_cell(host, writes)
+        command = "python -m unittest discover -s tests -q"
+        cells = []
+        for _ in range(20):
+            obs = host.execute(f"_r = host.bash({command!r})")
+            cells.append(obs.cell_id)
+        submission = Submission(
+            output={"summary": "benchmark"}, completion_bullets=["wrote 199 modules"],
+            source_files=list(files), entry_points=["pkg/mod_000.py"],
+            architecture_summary="Each pkg module owns one constant; the test holds them.",
+            test_evidence=[{"command": command, "producing_cell_id": c} for c in cells])
+        host.submit(submission)  # warm-up
+        ours = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            verdict = host.submit(submission)
+            ours.append(time.perf_counter() - t0)
+            if not verdict.accepted:
+                raise RuntimeError(verdict.explain())
+        events = host.ledger.query("SELECT count(*) FROM events")[0][0]
+    return Result("verify_200", tuple(ours), (0.2,) * n, 1.0,
+                  notes=(f"{n} verdicts; record of {events} events",))
+
+
+@benchmark("capture_10k", target=1.15,
+           ours="a cell opening and reading 10,000 small workspace files, audit hook on",
+           baseline="the same cell in a plain ipykernel (no audit hook)")
+def bench_capture(plan: Plan) -> Result:
+    n = plan.n(7, 3)
+    count = plan.n(10_000, 2_000)
+    code = (f"for _i in range({count}):\n"
+            f"    with open(f'files/f{{_i}}.txt') as _f:\n        _f.read()")
+    with scratch() as root:
+        for side in ("ours", "bare"):
+            (root / side / "files").mkdir(parents=True)
+            for i in range(count):
+                (root / side / "files" / f"f{i}.txt").write_text(str(i))
+        with Host(root / "ours") as host, BareKernel(root / "bare") as bare:
+            run_cell(host, code)
+            bare.execute(code)
+            ours, base = interleaved(n, lambda: run_cell(host, code),
+                                     lambda: timed(lambda: bare.execute(code)))
+    return Result("capture_10k", ours, base, 1.15,
+                  notes=(f"{count} files, {n} cells each; ours includes reporting the "
+                         f"accesses to the Host and its lineage bookkeeping",))
+
+
+@benchmark("audit_10k", target=1.0,
+           ours="`host_kernel.audit.audit` of a record holding 10,000 artifacts (with lineage)",
+           baseline="the absolute target, 10 s (the ratio is ours / 10 s)")
+def bench_audit(plan: Plan) -> Result:
+    from host_kernel.audit import audit
+    from host_kernel.store.blobs import FileBlobStore
+    from host_kernel.store.ledger import SQLiteLedger
+
+    count = plan.n(10_000, 1_000)
+    n = plan.n(3, 1)
+    with scratch() as root:
+        record = root / ".host_kernel"
+        (root / "data.csv").write_text("x\n1\n")
+        data_sha = hashlib.sha256(b"x\n1\n").hexdigest()
+        store = FileBlobStore(record, durable=False)
+        with SQLiteLedger(record / "ledger.sqlite") as ledger:
+            session = "bench"
+            ledger.append(session, "session_started", {
+                "workdir": str(root), "mode": {"name": "analysis_run", "armed": False}})
+            ledger.append(session, "generation_started", {"generation": 1, "reason": "start"})
+            ledger.append(session, "cell_started", {"cell_id": "c1", "generation": 1,
+                                                    "code": "save"})
+            for i in range(count):
+                ref = store.put_bytes(f"artifact {i}\n".encode())
+                ledger.append(session, "artifact_saved", {
+                    "artifact_id": f"00000000-0000-4000-8000-{i:012d}", "filename": f"a{i}.txt",
+                    "sha256": ref.sha256, "size": ref.size, "media_type": "text/plain",
+                    "cell_id": "c1", "generation": 1, "source_path": f"a{i}.txt",
+                    "lineage": {"inputs": [{"key": "file:data.csv", "path": "data.csv",
+                                            "sha256": data_sha, "method": "observed",
+                                            "via_cell": "c1", "hashed_at": "cell_end"}],
+                                "truncated": False}})
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            report = audit(record)
+            times.append(time.perf_counter() - t0)
+            if not report.clean:
+                raise RuntimeError(report.summary())
+    return Result("audit_10k", tuple(times), (10.0,) * n, 1.0,
+                  notes=(f"{count} artifacts, {n} audits",))
+
+
 # ---------------------------------------------------------------------- reporting
 
 

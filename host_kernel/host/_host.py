@@ -123,7 +123,8 @@ class Host:
         self.redactor = Redactor(secret_names)
         #: An optional LLM client (host_kernel.llm.LLMClient) that may narrow lineage.
         self.llm = llm
-        self.lineage = SessionLineage(self.workspace)
+        self._hash_cache: dict[str, tuple[int, int, str]] = {}
+        self.lineage = SessionLineage(self.workspace, self._hash_cache)
         self.state = HostState.UNOPENED
         self._kernel: KernelGeneration | None = None
         self._running: _RunningCell | None = None
@@ -132,7 +133,6 @@ class Host:
         #: host.bash processes still running, per cell, with an event set once recorded.
         self._commands: dict[str, list[tuple[subprocess.Popen[bytes], threading.Event]]] = {}
         self._commands_lock = threading.Lock()
-        self._hash_cache: dict[str, tuple[int, int, str]] = {}
         self._exec_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._launch_env: dict[str, str] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..lineage.flow import OBSERVED, RECEIPT, FlowTracker, Source, file_key
-from ._workspace import Workspace, file_sha256
+from ._workspace import Workspace, cached_sha256, file_sha256
 
 __all__ = ["CellIO", "SessionLineage"]
 
@@ -42,8 +42,10 @@ class CellIO:
 
 
 class SessionLineage:
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace,
+                 hash_cache: dict[str, tuple[int, int, str]] | None = None) -> None:
         self.workspace = workspace
+        self.hash_cache = {} if hash_cache is None else hash_cache
         self.tracker = FlowTracker()
         #: path → (artifact id, sha256) of an artifact materialised there by load_artifact
         self.materialised: dict[str, tuple[str, str]] = {}
@@ -58,7 +60,7 @@ class SessionLineage:
         for artifact_id, _path, sha in io.loads:
             out.append(Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha))
         for rel in dict.fromkeys([*reads, *io.reads]):
-            sha = file_sha256(self.workspace.root / rel)
+            sha = cached_sha256(self.workspace.root, rel, self.hash_cache)
             if sha is None:
                 continue  # opened but gone, or a failed open
             loaded = self.materialised.get(rel)

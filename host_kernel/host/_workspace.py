@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from .._errors import BadArguments, FileProblem, PathRefused, StorageError
 
-__all__ = ["Workspace", "WrittenFile", "snapshot"]
+__all__ = ["Workspace", "WrittenFile", "cached_sha256", "file_sha256", "snapshot"]
 
 MAX_PATH_CHARS = 4096
 
@@ -144,6 +144,25 @@ def file_sha256(path: Path) -> str | None:
             return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
+
+
+def cached_sha256(root: Path, rel: str, cache: dict[str, tuple[int, int, str]]) -> str | None:
+    """sha256 of a workspace file, re-hashed only when its size or mtime changed.
+
+    The cache serves lineage and receipt manifests; a cell that restores a file's
+    mtime after changing it at the same size can fool it (docs/lineage.md).
+    """
+    try:
+        st = os.stat(root / rel)
+    except OSError:
+        return None
+    hit = cache.get(rel)
+    if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+        return hit[2]
+    sha = file_sha256(root / rel)
+    if sha is not None:
+        cache[rel] = (st.st_mtime_ns, st.st_size, sha)
+    return sha
 
 
 def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, tuple[int, int]], bool]:
