@@ -251,6 +251,17 @@ def test_absolute_path_through_a_symlinked_folder_is_resolved(ws: Path, tmp_path
     assert access["reads"] == ["notes.txt"]
 
 
+def test_dotdot_paths_are_normalised_and_escapes_dropped(ws: Path) -> None:
+    cell = f"""
+    open('data/../notes.txt').read()
+    open({str(ws / "data" / ".." / ".." / "elsewhere.txt")!r}, 'w').close()
+    open('../ws/data//in.csv').read()
+    """
+    access = run_cell(ws, cell)
+    assert access["reads"] == ["notes.txt", "data/in.csv"]
+    assert access["writes"] == []
+
+
 def test_files_outside_the_workspace_are_ignored(ws: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("x")
@@ -275,6 +286,17 @@ def test_ignored_folder_is_never_recorded(ws: Path) -> None:
     """
     access = run_cell(ws, cell, ignore=(str(record),))
     assert access["reads"] == ["notes.txt"]
+    assert access["writes"] == []
+
+
+def test_ignored_folder_reached_through_dot_segments_is_still_ignored(ws: Path) -> None:
+    record = ws / ".record"
+    record.mkdir()
+    access = run_cell(
+        ws,
+        "open('./.record/x', 'w').close(); open('data/../.record/y', 'w').close()",
+        ignore=(str(record),),
+    )
     assert access["writes"] == []
 
 
@@ -418,6 +440,18 @@ def test_consecutive_cells_are_kept_apart(ws: Path) -> None:
     """
     access = run_cell(ws, cell)
     assert access["reads"] == ["data/in.csv"]
+
+
+def test_peek_reports_the_open_cell_without_ending_it(ws: Path) -> None:
+    cell = """
+    open('notes.txt').read()
+    so_far = cap.peek()
+    assert so_far.reads == ('notes.txt',), so_far
+    assert cap.active_cell == 'cell-1'
+    open('data/in.csv').read()
+    """
+    access = run_cell(ws, cell)
+    assert access["reads"] == ["notes.txt", "data/in.csv"]
 
 
 def test_accesses_from_threads_are_attributed_to_the_running_cell(ws: Path) -> None:

@@ -6,6 +6,7 @@ would report it after capture; the code is never run.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import pytest
@@ -483,3 +484,12 @@ def test_source_serialises_to_a_plain_dict() -> None:
 def test_max_sources_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_sources"):
         FlowTracker(max_sources=0)
+
+
+def test_fork_is_independent_of_the_original() -> None:
+    tracker = run([("c1", "x = load('a.csv')", ["a.csv"], [])])
+    twin = copy.deepcopy(tracker)
+    twin.observe_cell("c2", "save('out.csv', x)", [], ["out.csv"])
+    assert [s.key for s in twin.inputs_for_file("out.csv")] == ["file:a.csv"]
+    assert tracker.inputs_for_file("out.csv") == ()
+    assert tracker.fork().names_taint("x") == tracker.names_taint("x")

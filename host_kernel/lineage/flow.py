@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 
 from .defuse import BUILTIN_NAMES, CellNames, cell_names
 
-__all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "FlowTracker", "Source"]
+__all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "FlowTracker", "Source", "file_key"]
 
 OBSERVED = "observed"
 DEF_USE = "def-use"
@@ -248,6 +248,20 @@ class FlowTracker:
         """The file is gone (removed outside any observed cell)."""
         self._files.pop(relpath, None)
         self._pending.pop(relpath, None)
+
+    def fork(self) -> FlowTracker:
+        """An independent copy, for asking "what if this cell ended now" (cheap:
+        taints and inputs are immutable values, only the containers are copied)."""
+        twin = FlowTracker(max_sources=self._max)
+        twin._names = dict(self._names)
+        twin._modules = set(self._modules)
+        twin._files = dict(self._files)
+        twin._pending = dict(self._pending)
+        twin._cell_order = dict(self._cell_order)
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FlowTracker:
+        return self.fork()
 
     # -- questions --------------------------------------------------------------
 
