@@ -170,4 +170,14 @@ CASES: list[Case] = [
         "rows = list(c.reader(open('data/a.csv')))",
         "open('n.txt', 'w').write(str(len(rows)))\nhost.save_artifact('n.txt')",
     ], {"n.txt": {"file:data/a.csv"}}),
+    # Known limits, kept in the measurement on purpose:
+    case("dynamic_paths_and_a_decoy_in_one_cell", [
+        "names = ['a', 'decoy']\nparts = {n: open(f'data/{n}.csv').read() for n in names}\n"
+        "keep = parts['a']",
+        "out = 'o' + '.txt'\nopen(out, 'w').write(keep)\nhost.save_artifact(out)",
+    ], {"o.txt": {"file:data/a.csv"}}),
+    case("read_by_a_child_process_of_the_kernel", [
+        "import subprocess\nsubprocess.run('cp data/b.csv child.txt', shell=True)",
+        "c = open('child.txt').read()\nopen('o.txt', 'w').write(c)\nhost.save_artifact('o.txt')",
+    ], {"o.txt": {"file:child.txt"}}),
 ]

@@ -127,6 +127,8 @@ class Host:
         self.lineage = SessionLineage(self.workspace, self._hash_cache)
         self.state = HostState.UNOPENED
         self._kernel: KernelGeneration | None = None
+        #: Generations an earlier process of this session ran (a resumed relay session).
+        self._prior_generations = 0
         self._running: _RunningCell | None = None
         self._old_tokens: set[str] = set()
         self._pending_access: dict[str, Any] = {}
@@ -186,19 +188,27 @@ class Host:
                 "HOST_KERNEL_SESSION": self.session_id,
             })
             self.redactor.learn(self._launch_env)
-            self._append("session_started", {
-                "workdir": str(self.workdir), "record_dir": str(self.record_dir),
-                "mode": {"name": self.mode.name, "armed": self.mode.armed,
-                         "signals": list(self.mode.signals)},
-                "request": self.request, "host_version": _version.__version__,
-                "front": self.front,
-            })
-            self._start_generation("start")
+            self._begin_session()
         except BaseException:
             self._teardown()
             raise
         self.state = HostState.OPEN
         return self
+
+    def _begin_session(self) -> None:
+        """Record the session's start and start its first kernel generation.
+
+        The relay front overrides this to continue a session across its own restart
+        (host_kernel/host/_relay_support.py).
+        """
+        self._append("session_started", {
+            "workdir": str(self.workdir), "record_dir": str(self.record_dir),
+            "mode": {"name": self.mode.name, "armed": self.mode.armed,
+                     "signals": list(self.mode.signals)},
+            "request": self.request, "host_version": _version.__version__,
+            "front": self.front,
+        })
+        self._start_generation("start")
 
     def close(self) -> None:
         """Stop the kernel, the call server and the ledger. Safe to call twice."""
@@ -240,11 +250,12 @@ class Host:
 
     def _start_generation(self, reason: str) -> None:
         previous = self._kernel
-        generation = 1 if previous is None else previous.generation + 1
+        generation = (self._prior_generations if previous is None else previous.generation) + 1
         if previous is not None:
             self._old_tokens.add(previous.token)
             previous.stop()
             self._kernel = None
+            self.lineage.new_generation()
         token = mint_token()
         env = dict(self._launch_env)
         env["HOST_KERNEL_TOKEN"] = token

@@ -16,7 +16,8 @@ only (docs/lineage.md), never acceptance evidence.
 
 from __future__ import annotations
 
-import copy
+import ast
+import os
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,10 +56,12 @@ class SessionLineage:
 
     # -- feeding
 
-    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str) -> list[Source]:
-        out: list[Source] = []
-        for artifact_id, _path, sha in io.loads:
-            out.append(Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha))
+    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str
+                 ) -> list[tuple[str, Source]]:
+        """(path it was read at, source) for each direct read of the cell."""
+        out: list[tuple[str, Source]] = []
+        for artifact_id, path, sha in io.loads:
+            out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
         for rel in dict.fromkeys([*reads, *io.reads]):
             sha = cached_sha256(self.workspace.root, rel, self.hash_cache)
             if sha is None:
@@ -69,7 +72,7 @@ class SessionLineage:
             else:
                 source = Source(file_key(rel), OBSERVED, cell_id, sha)
             self.hashed_at.setdefault(source.identity, when)
-            out.append(source)
+            out.append((rel, source))
         return out
 
     @staticmethod
@@ -86,19 +89,22 @@ class SessionLineage:
                    if isinstance(a, str) and isinstance(b, str)]
         return strs("reads"), strs("writes"), renames, strs("removes")
 
+    def new_generation(self) -> None:
+        self.tracker.forget_names()
+
     def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO) -> None:
         reads, writes, renames, removes = self._access(access)
         writes = list(dict.fromkeys([*writes, *io.writes, *(p for _, p, _ in io.loads)]))
-        sources = self._sources(cell_id, reads, io, "cell_end")
         for artifact_id, path, sha in io.loads:
             self.materialised[path] = (artifact_id, sha)
+        sources = self._sources(cell_id, reads, io, "cell_end")
         for rel in writes:
             loaded = self.materialised.get(rel)
             if loaded is not None and file_sha256(self.workspace.root / rel) != loaded[1]:
                 del self.materialised[rel]
-        self.tracker.observe_cell(cell_id, code, sources,
-                                  [w for w in writes if w not in {p for _, p, _ in io.loads}],
-                                  renames=renames, removes=removes)
+        loaded_paths = {p for _, p, _ in io.loads}
+        observe(self.tracker, cell_id, code, sources,
+                [w for w in writes if w not in loaded_paths], renames, removes)
 
     def receipt(self, cell_id: str, body: dict[str, Any]) -> None:
         """A command ran: the files it created or changed come from it and its named inputs."""
@@ -148,12 +154,13 @@ class SessionLineage:
         """The lineage record for a file saved now, from the cell that is running."""
         reads, writes, renames, removes = self._access(partial_access)
         written_now = rel in writes or rel in io.writes
+        for artifact_id, path, sha in io.loads:
+            self.materialised.setdefault(path, (artifact_id, sha))
         if written_now:
-            fork = copy.deepcopy(self.tracker)
+            fork = self.tracker.fork()
             sources = self._sources(cell_id, reads, io, "save")
-            fork.observe_cell(cell_id, code, sources,
-                              list(dict.fromkeys([*writes, *io.writes])),
-                              renames=renames, removes=removes)
+            observe(fork, cell_id, code, sources, list(dict.fromkeys([*writes, *io.writes])),
+                    renames, removes)
             found: Sequence[Source] = fork.inputs_for_file(rel)
             truncated = fork.is_truncated(rel)
         else:
@@ -179,6 +186,97 @@ class SessionLineage:
             item.update(receipt_id=rest, command=body.get("command"),
                         exit_status=body.get("exit_status"))
         return item
+
+
+def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
+            writes: list[str], renames: list[tuple[str, str]], removes: list[str]) -> None:
+    """Feed one cell to the tracker, statement by statement where the code says which.
+
+    The tracker's unit is a cell: every name a cell binds gets every read of the
+    cell. When each file the cell wrote is named by a string literal in its
+    top-level statements, the cell is fed as one pseudo-cell per statement, each
+    with the reads whose path a literal in it names (reads named nowhere go to
+    every statement), so a decoy opened beside the real input in the same cell
+    stays out. Otherwise (dynamic paths, magics, one statement) the cell is fed
+    whole, the documented over-approximation.
+    """
+    split = _statements(code, [p for p, _ in sources], writes)
+    if split is None:
+        tracker.observe_cell(cell_id, code, [s for _, s in sources], writes,
+                             renames=renames, removes=removes)
+        return
+    parts, write_owner = split
+    last = len(parts) - 1
+    for i, (segment, reads_here) in enumerate(parts):
+        tracker.observe_cell(
+            cell_id, segment, [s for (p, s) in sources if p in reads_here],
+            [w for w in writes if write_owner[w] == i],
+            renames=renames if i == last else (), removes=removes if i == last else ())
+
+
+#: host calls whose path argument names a file without reading or writing its bytes here.
+_NOT_IO = frozenset({"save_artifact", "lineage", "artifacts"})
+
+
+def _call_literals(node: ast.AST) -> set[str]:
+    """String literals given (directly or inside an expression) as arguments of a call.
+
+    ``open('a.csv')``, ``pd.read_csv('a.csv')``, ``Path('data') / 'a.csv'`` name files;
+    ``p = 'a.csv'`` on its own does not say where the file is used, so it does not count.
+    """
+    found: set[str] = set()
+    for call in ast.walk(node):
+        if not isinstance(call, ast.Call):
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
+            call.func, "id", None)
+        if name in _NOT_IO:
+            continue
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            for c in ast.walk(arg):
+                if isinstance(c, ast.Constant) and isinstance(c.value, str) \
+                        and 0 < len(c.value) < 4096 and "\x00" not in c.value:
+                    found.add(os.path.normpath(c.value))
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        for item in node.items:
+            found |= _call_literals(item.context_expr)
+    return found
+
+
+def _statements(code: str, read_paths: list[str], writes: list[str]
+                ) -> tuple[list[tuple[str, set[str]]], dict[str, int]] | None:
+    """Top-level statements with the reads each may have made, and each write's statement."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) < 2 or not (read_paths or writes):
+        return None
+    lines = code.splitlines(keepends=True)
+    segments: list[str] = []
+    literals: list[set[str]] = []
+    for node in tree.body:
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        segments.append("".join(lines[start - 1:node.end_lineno]))
+        literals.append(_call_literals(node))
+
+    def owners(path: str) -> list[int]:
+        exact = [i for i, lits in enumerate(literals) if path in lits]
+        if exact:
+            return exact
+        base = os.path.basename(path)
+        return [i for i, lits in enumerate(literals) if base in lits]
+
+    write_owner: dict[str, int] = {}
+    for w in writes:
+        found = owners(w)
+        if not found:
+            return None  # a file written through a path we cannot see: feed the cell whole
+        write_owner[w] = found[-1]
+    everywhere = {p for p in read_paths if not owners(p)}
+    parts = [(segment, everywhere | {p for p in read_paths if i in owners(p)})
+             for i, segment in enumerate(segments)]
+    return parts, write_owner
 
 
 def confirm_with_llm(llm: Any, code: str, lineage: dict[str, Any]) -> dict[str, Any]:

@@ -249,6 +249,12 @@ class FlowTracker:
         self._files.pop(relpath, None)
         self._pending.pop(relpath, None)
 
+    def forget_names(self) -> None:
+        """A new kernel generation: every in-memory value is gone; files keep their inputs."""
+        self._names.clear()
+        self._modules.clear()
+        self._pending.clear()
+
     def fork(self) -> FlowTracker:
         """An independent copy, for asking "what if this cell ended now" (cheap:
         taints and inputs are immutable values, only the containers are copied)."""
