@@ -184,7 +184,7 @@ class _Stream:
     def __init__(self, name: str, ctx: CommandContext) -> None:
         self.name = name
         self.redactor = ctx.redactor
-        fd, self.tmp = tempfile.mkstemp(dir=ctx.blobs.tmp, prefix=f"put-{name}-")
+        fd, self.tmp = tempfile.mkstemp(dir=ctx.blobs.tmp, prefix=ctx.blobs.temp_prefix(name))
         self.file = os.fdopen(fd, "wb")
         self.hasher = hashlib.sha256()
         self.size = 0

@@ -19,6 +19,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -39,6 +40,7 @@ from .._errors import (
     KernelError,
     RecordError,
 )
+from .._procs import pid_alive
 from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Verdict
 from ..lineage.graph import build_lineage
@@ -61,7 +63,7 @@ INTERRUPT_GRACE = 1.5
 LIVENESS_POLL = 0.2
 #: Most characters of stream output kept in the record for one cell; past it the
 #: record says how much was dropped.
-RECORD_OUTPUT_LIMIT = 64 * 1024 * 1024
+RECORD_OUTPUT_LIMIT = 16 * 1024 * 1024
 #: Variables ipykernel sets in its own environment at start-up.
 KERNEL_SET_ENV = frozenset({"MPLBACKEND", "JPY_PARENT_PID", "PYDEVD_DISABLE_FILE_VALIDATION",
                             "CLICOLOR", "PAGER", "GIT_PAGER", "FORCE_COLOR", "TERM",
@@ -176,6 +178,7 @@ class Host:
         os.chmod(self.record_dir, 0o700)
         self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
         self.blobs = FileBlobStore(self.record_dir)
+        self.blobs.sweep()
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-"))
         socket_path = str(self._runtime_dir / "host.sock")
         try:
@@ -206,9 +209,34 @@ class Host:
             "mode": {"name": self.mode.name, "armed": self.mode.armed,
                      "signals": list(self.mode.signals)},
             "request": self.request, "host_version": _version.__version__,
-            "front": self.front,
+            "front": self.front, "pid": os.getpid(), "host": socket.gethostname(),
         })
+        self._close_abandoned_sessions()
         self._start_generation("start")
+
+    def _close_abandoned_sessions(self) -> None:
+        """Sessions whose Host died (killed, crashed) are closed in the record, once.
+
+        Their cells left running are finished as ``host_died``; nothing else is changed.
+        A session whose Host process is still alive on this machine is left alone.
+        """
+        assert self.ledger is not None
+        me = socket.gethostname()
+        for row in self.ledger.query(
+                "SELECT e.session, e.body FROM events e JOIN sessions s ON s.session = e.session "
+                "WHERE e.kind = 'session_started' AND s.ended IS NULL AND e.session != ?",
+                (self.session_id,)):
+            body = json.loads(row["body"])
+            pid = body.get("pid")
+            if body.get("host") != me or not isinstance(pid, int) or pid_alive(pid):
+                continue
+            for cell in self.ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
+                                          "status = 'running'", (row["session"],)):
+                self.ledger.append(row["session"], "cell_finished", {
+                    "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
+                    "execution_count": None, "recovered_by": self.session_id})
+            self.ledger.append(row["session"], "session_ended", {
+                "reason": "host_died", "recovered_by": self.session_id})
 
     def close(self) -> None:
         """Stop the kernel, the call server and the ledger. Safe to call twice."""
@@ -730,6 +758,7 @@ class Host:
         return [Artifact(r["artifact_id"], r["filename"], r["sha256"], r["size"],
                          r["media_type"], r["cell_id"], r["generation"],
                          r["source_path"]).to_dict() for r in rows]
+
 
 
 def _join(first: str | None, second: str) -> str:

@@ -29,8 +29,11 @@ class _OwnSpec(KernelSpecManager):  # type: ignore[misc]
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         return KernelSpec(
+            # parent_handle: ipykernel exits when its parent (this Host) is gone, so a
+            # Host killed with SIGKILL leaves no orphan kernel behind.
             argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-                  f"--IPKernelApp.extra_extensions={EXTENSION}"],
+                  f"--IPKernelApp.extra_extensions={EXTENSION}",
+                  f"--IPKernelApp.parent_handle={os.getpid()}"],
             display_name="Python 3 (host_kernel)",
             language="python",
             resource_dir="",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from .._errors import StorageError
+from .._procs import pid_alive
 
 __all__ = ["BlobRef", "BlobStore", "FileBlobStore", "EMPTY_SHA256"]
 
@@ -54,6 +55,7 @@ class BlobStore(Protocol):
     def hash_of(self, sha256: str) -> str | None: ...
 
     def __iter__(self) -> Iterator[str]: ...
+
 
 
 def _fsync_dir(path: Path) -> None:
@@ -150,9 +152,9 @@ class FileBlobStore:
             self._discard(tmp)
             raise self._storage_error(exc) from exc
 
-    def _tempfile(self) -> tuple[int, str]:
+    def _tempfile(self, what: str = "blob") -> tuple[int, str]:
         try:
-            return tempfile.mkstemp(dir=self.tmp, prefix="put-")
+            return tempfile.mkstemp(dir=self.tmp, prefix=self.temp_prefix(what))
         except OSError as exc:
             raise StorageError(f"cannot create a temporary file in the blob store: {exc.strerror}") from exc
 
@@ -184,14 +186,23 @@ class FileBlobStore:
     def _storage_error(exc: BaseException) -> BaseException:
         if isinstance(exc, StorageError) or not isinstance(exc, OSError):
             return exc
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return StorageError("the record's disk is full; nothing was stored")
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return StorageError(f"the record's disk is full ({exc.strerror}); nothing was "
+                                f"stored")
         return StorageError(f"cannot write to the blob store: {exc.strerror or exc}")
 
+    @staticmethod
+    def temp_prefix(what: str) -> str:
+        """Temp files carry the writer's pid, so a sweep can tell abandoned ones apart."""
+        return f"put-{os.getpid()}-{what}-"
+
     def sweep(self) -> int:
-        """Remove leftovers of interrupted puts. Returns how many were removed."""
+        """Remove partial puts left by processes that are gone. Returns how many."""
         removed = 0
         for leftover in self.tmp.glob("put-*"):
+            pid = leftover.name.split("-")[1]
+            if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+                continue  # another live Host sharing this record is writing it
             leftover.unlink(missing_ok=True)
             removed += 1
         return removed

@@ -1,0 +1,201 @@
+"""Faults the Host must survive: dead and stuck kernels, a killed Host, a full disk, a flood."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from host_kernel import Host
+from host_kernel.audit import audit
+from host_kernel.store.ledger import SQLiteLedger, check_chain
+
+
+def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+# -- the kernel -------------------------------------------------------------------------------
+
+
+def test_kernel_stuck_with_sigint_blocked_is_restarted(host: Host) -> None:
+    obs = host.execute("import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, "
+                       "[signal.SIGINT])\ntime.sleep(60)", timeout=1)
+    assert obs.status == "timeout" and "restarted the kernel" in obs.text
+    nxt = host.execute("print('next')")
+    assert nxt.generation == 2 and nxt.status == "ok"
+
+
+def test_memory_exhaustion_is_an_error_not_a_dead_host(host: Host) -> None:
+    obs = host.execute("import resource\nresource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+                       "x = bytearray(4 << 30)")
+    assert obs.status == "error" and "MemoryError" in obs.text
+    assert host.execute("print('alive')").status == "ok"
+
+
+def test_a_cell_printing_200_mb_keeps_host_memory_bounded(host: Host) -> None:
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+
+    base, peak, stop = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        obs = host.execute("import sys\nline = 'x' * 1023 + '\\n'\n"
+                           "for _ in range(200 * 1024):\n    sys.stdout.write(line)", timeout=300)
+    finally:
+        stop.set()
+        sampler.join()
+    assert obs.status == "ok"
+    assert len(obs.text) < 20_000 and "characters cut" in obs.text
+    assert "further characters of output were not kept" in obs.text
+    extra_mib = (peak[0] - base) / 2**20
+    assert extra_mib < 400, f"Host grew by {extra_mib:.0f} MiB"
+    body = json.loads(host.ledger.query("SELECT body FROM events WHERE kind = 'cell_finished' "
+                                        "ORDER BY seq DESC LIMIT 1")[0]["body"])
+    kept = sum(len(o.get("text", "")) for o in body["outputs"])
+    assert kept + body["dropped_chars"] == 200 * 1024 * 1024
+    assert host.execute("print('usable')").status == "ok"
+
+
+# -- the Host killed --------------------------------------------------------------------------
+
+HOST_SCRIPT = """
+import sys, time, json
+from host_kernel import Host
+workdir, mode = sys.argv[1], sys.argv[2]
+with Host(workdir) as h:
+    print(json.dumps({"kernel": h.kernel_pid}), flush=True)
+    if mode == "save":
+        h.execute("host.save_artifact('big.bin')")
+    else:
+        for i in range(10_000):
+            h.execute(f"host.write_file('burst/f{i % 50}.txt', 'x' * {i})")
+"""
+
+
+def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-untyped-def]
+    proc = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(workdir), mode],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        _wait(until, 60, f"the Host to be busy ({mode})")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    # ipykernel polls its parent: the orphaned kernel exits on its own.
+    _wait(lambda: _gone(info["kernel"]), 15, "the orphaned kernel to exit")
+    return info  # type: ignore[no-any-return]
+
+
+def test_host_killed_mid_save_artifact_leaves_nothing_partial(workdir: Path) -> None:
+    big = workdir / "big.bin"
+    with open(big, "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(4 << 20))  # 256 MiB
+    tmp = workdir / ".host_kernel" / "tmp"
+    _killed_host(workdir, "save", lambda: tmp.is_dir() and any(
+        p.name.startswith("put-") and p.stat().st_size > 0 for p in tmp.iterdir()))
+    blobs = workdir / ".host_kernel" / "blobs" / "sha256"
+    assert not any(p.is_file() for p in blobs.rglob("*"))  # no partial blob is visible
+    assert any(tmp.iterdir())  # the abandoned partial copy, until the next Host sweeps it
+    with SQLiteLedger(workdir / ".host_kernel" / "ledger.sqlite") as ledger:
+        assert check_chain(ledger) == []
+    with Host(workdir) as again:
+        assert list(tmp.iterdir()) == []
+        assert again.execute("a = host.save_artifact('big.bin'); print(a.size)").status == "ok"
+    report = audit(workdir / ".host_kernel")
+    assert report.clean, [str(f) for f in report.findings]
+    with SQLiteLedger(workdir / ".host_kernel" / "ledger.sqlite") as ledger:
+        ended = ledger.query("SELECT body FROM events WHERE kind = 'session_ended'")
+        reasons = [json.loads(r["body"]).get("reason") for r in ended]
+        assert "host_died" in reasons
+        running = ledger.query("SELECT count(*) FROM cells WHERE status = 'running'")[0][0]
+        assert running == 0
+
+
+def test_host_killed_in_a_burst_of_events_keeps_a_consistent_ledger(workdir: Path) -> None:
+    db = workdir / ".host_kernel" / "ledger.sqlite"
+
+    def busy() -> bool:
+        if not db.exists():
+            return False
+        with SQLiteLedger(db) as ledger:
+            return bool(ledger.query("SELECT count(*) FROM writes")[0][0] > 30)
+
+    _killed_host(workdir, "burst", busy)
+    with SQLiteLedger(db) as ledger:
+        assert check_chain(ledger) == []
+        writes = ledger.query("SELECT path, sha256 FROM writes ORDER BY seq DESC LIMIT 1")[0]
+    # every recorded write is on disk as recorded, or was overwritten by a later (unrecorded) one
+    assert (workdir / writes["path"]).exists()
+    with Host(workdir) as again:
+        assert again.execute("print(1)").status == "ok"
+    assert audit(workdir / ".host_kernel").clean
+
+
+# -- the disk -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_disk_full_while_saving_is_a_clear_error_and_nothing_half_written(
+        workdir: Path, small_disk: Path) -> None:
+    with open(workdir / "big.bin", "wb") as f:
+        f.write(os.urandom(40 << 20))
+    (workdir / "small.txt").write_text("fits")
+    with Host(workdir, record_dir=small_disk / "record") as host:
+        obs = host.execute("try:\n    host.save_artifact('big.bin')\n"
+                           "except Exception as e:\n    print(type(e).__name__, e.code, '|', e.message)")
+        assert obs.outputs[0]["text"].startswith("StorageError storage_error | the record's disk "
+                                                 "is full")
+        tmp = small_disk / "record" / "tmp"
+        assert list(tmp.iterdir()) == []
+        assert not any(p.is_file() for p in (small_disk / "record" / "blobs").rglob("*"))
+        assert host.execute("a = host.save_artifact('small.txt'); print(a.size)").outputs[0][
+            "text"].strip() == "4"
+    assert audit(small_disk / "record").clean
