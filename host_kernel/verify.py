@@ -118,8 +118,12 @@ class Submission:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Submission:
+        """From the wire: unknown keys are ignored, missing ones are None (and fail checks)."""
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v for k, v in data.items() if k in names}
+        fields.setdefault("output", None)
+        fields.setdefault("completion_bullets", None)
+        return cls(**fields)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
