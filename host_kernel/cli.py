@@ -248,10 +248,11 @@ def _lineage_run(args: argparse.Namespace) -> int:
             graph = build_lineage(ledger, args.artifact_id)
         except FileProblem as exc:
             raise UsageError(exc.message) from None
-    out = {"text": graph.to_text, "mermaid": graph.to_mermaid, "dot": graph.to_dot,
-           "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
-           "json": lambda: json.dumps(graph.to_dict(), indent=2) + "\n"}[args.format]()
-    sys.stdout.write(out)
+    renderers: dict[str, Callable[[], str]] = {
+        "text": graph.to_text, "mermaid": graph.to_mermaid, "dot": graph.to_dot,
+        "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
+        "json": lambda: json.dumps(graph.to_dict(), indent=2) + "\n"}
+    sys.stdout.write(renderers[args.format]())
     return EXIT_OK
 
 

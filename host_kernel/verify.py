@@ -375,7 +375,7 @@ def _check_claims(out: dict[str, Any], c: _Checks) -> None:
             by_name[r["source_path"]] = r
     problems = 0
     for claim in claims[:MAX_ENTRIES]:
-        row = by_id.get(claim) or by_name.get(claim) or by_name.get(_norm(claim))
+        row = by_id.get(claim) or by_name.get(claim) or by_name.get(_norm(claim) or "")
         if row is not None:
             if not view.blob_ok(row["sha256"]):
                 problems += 1

@@ -42,7 +42,7 @@ from .._errors import (
 )
 from .._procs import pid_alive
 from .._ids import mint_cell_id, mint_token, mint_uuid
-from .._models import Artifact, Observation, Verdict
+from .._models import Artifact, Observation, Status, Verdict
 from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
 from ..store.blobs import FileBlobStore
@@ -769,7 +769,7 @@ class _Run:
     """What one execute_request produced, while it is being collected."""
 
     def __init__(self) -> None:
-        self.status: str = "ok"
+        self.status: Status = "ok"
         self.stuck = False
         self.execution_count: int | None = None
         self.outputs: list[dict[str, Any]] = []

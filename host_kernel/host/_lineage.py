@@ -63,14 +63,14 @@ class SessionLineage:
         for artifact_id, path, sha in io.loads:
             out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
         for rel in dict.fromkeys([*reads, *io.reads]):
-            sha = cached_sha256(self.workspace.root, rel, self.hash_cache)
-            if sha is None:
+            found = cached_sha256(self.workspace.root, rel, self.hash_cache)
+            if found is None:
                 continue  # opened but gone, or a failed open
             loaded = self.materialised.get(rel)
-            if loaded is not None and loaded[1] == sha:
-                source = Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, sha)
+            if loaded is not None and loaded[1] == found:
+                source = Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, found)
             else:
-                source = Source(file_key(rel), OBSERVED, cell_id, sha)
+                source = Source(file_key(rel), OBSERVED, cell_id, found)
             self.hashed_at.setdefault(source.identity, when)
             out.append((rel, source))
         return out

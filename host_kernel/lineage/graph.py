@@ -145,7 +145,7 @@ class Lineage:
         entity: dict[str, Any] = {}
         activity: dict[str, Any] = {}
         for n in self.nodes:
-            attrs = {"prov:label": n.label, "hk:kind": n.kind}
+            attrs: dict[str, Any] = {"prov:label": n.label, "hk:kind": n.kind}
             attrs.update(
                 {f"hk:{k}": v for k, v in n.attrs.items() if isinstance(v, (str, int, float, bool))}
             )

@@ -143,7 +143,7 @@ class FileBlobStore:
                         while view:
                             view = view[out.write(view):]
                         size += n
-                    self._sync(out)  # type: ignore[arg-type]
+                    self._sync(out)
             finally:
                 work.put(None)
                 worker.join()
@@ -226,7 +226,7 @@ class FileBlobStore:
         except FileNotFoundError:
             return None
         with f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+            return hashlib.file_digest(f, "sha256").hexdigest()  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         for sub in sorted(self.blobs.iterdir()):
