@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -539,9 +540,30 @@ def _check_evidence(sub: Submission, c: _Checks, source_paths: set[str]) -> None
         _check_receipt(label, command, receipt, view, c, source_paths)
 
 
-def _runner(segment: str) -> bool:
-    words = re.findall(r"[\w.-]+", segment)
-    return any(w in ("pytest", "py.test", "unittest") for w in words)
+def _runner(segment: str) -> str | None:
+    """``pytest`` or ``unittest`` when the segment's command runs that test runner.
+
+    Only the command itself counts: ``pytest …``, ``py.test …`` or
+    ``python[3[.x]] -m pytest|unittest …``, after optional ``VAR=value`` words and
+    ``env``. A runner's name elsewhere (an argument, a comment) does not.
+    """
+    try:
+        words = shlex.split(segment, comments=True)
+    except ValueError:
+        return None
+    while words and (words[0] == "env" or ("=" in words[0] and
+                                           words[0].split("=", 1)[0].isidentifier())):
+        words = words[1:]
+    if not words:
+        return None
+    first = os.path.basename(words[0])
+    if first in ("pytest", "py.test"):
+        return "pytest"
+    if re.fullmatch(r"python(\d+(\.\d+)?)?", first) and len(words) > 2 and words[1] == "-m":
+        module = words[2].split(".")[0]
+        if module in ("pytest", "unittest"):
+            return module
+    return None
 
 
 def _stale_sources(receipt: dict[str, Any], view: RecordView, c: _Checks,
@@ -601,10 +623,12 @@ def _check_receipt(label: str, command: str, receipt: dict[str, Any], view: Reco
 
 
 def _check_test_output(label: str, command: str, stdout: str, stderr: str, c: _Checks) -> None:
-    words = re.findall(r"[\w.-]+", command)
-    if "pytest" in words or "py.test" in words:
-        summary = _pytest_summary(stdout + "\n" + stderr)
-        if summary is None:
+    # The runner is the last command of the line (anything after it is masked_failure),
+    # so its own summary is the last one in the stream it writes to.
+    runner = _runner(command.split("&&")[-1].strip())
+    if runner == "pytest":
+        summary = _pytest_summary(stdout)
+        if not summary:
             c.fail("no_tests_ran", f"{label}: its output has no pytest result line, so no test "
                                    f"is shown to have run (--collect-only runs none)")
             return
@@ -617,25 +641,28 @@ def _check_test_output(label: str, command: str, stdout: str, stderr: str, c: _C
             c.fail("no_tests_ran", f"{label}: pytest passed no test ({summary}); the evidence "
                                    f"must run at least one test")
         return
-    if "unittest" in words:
-        ran = re.search(r"^Ran (\d+) tests?", stderr + stdout, re.MULTILINE)
-        if ran is None or int(ran.group(1)) < 1:
+    if runner == "unittest":
+        ran = re.findall(r"^Ran (\d+) tests? in [\d.]+s$", stderr, re.MULTILINE)
+        verdicts = re.findall(r"^(OK|FAILED)\b", stderr, re.MULTILINE)
+        if not ran or int(ran[-1]) < 1:
             c.fail("no_tests_ran", f"{label}: unittest ran no test")
-        elif re.search(r"^FAILED \(", stderr + stdout, re.MULTILINE):
-            c.fail("tests_failed", f"{label}: unittest reported FAILED")
+        elif not verdicts or verdicts[-1] != "OK":
+            c.fail("tests_failed", f"{label}: unittest did not report OK")
         return
     c.fail("runner_unrecognised", f"{label}: the verifier reads pytest and unittest results; "
                                   f"run the tests with 'python -m pytest' or "
                                   f"'python -m unittest'")
 
 
-def _pytest_summary(text: str) -> dict[str, int] | None:
-    """Counts from the last pytest summary line, or None when there is none."""
-    text = _ANSI.sub("", text)
-    for line in reversed(text.splitlines()):
+def _pytest_summary(stdout: str) -> dict[str, int] | None:
+    """Counts from pytest's final line (``… in 0.12s``) on stdout, or None when there is none.
+
+    Only the last such line counts, whatever it says: ``3 tests collected in 0.01s``
+    (``--collect-only``) has no ``passed`` count, so no test is shown to have run.
+    """
+    for line in reversed(_ANSI.sub("", stdout).splitlines()):
         stripped = line.strip().strip("=").strip()
-        if re.search(r" in [\d.]+s( \([\d:]+\))?$", stripped) and (
-                PYTEST_COUNTS.search(stripped) or stripped.startswith("no tests ran")):
+        if re.search(r" in [\d.]+s( \([\d:.]+\))?$", stripped):
             counts: dict[str, int] = {}
             for n, what in PYTEST_COUNTS.findall(stripped):
                 counts[what] = counts.get(what, 0) + int(n)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store.blobs import FileBlobStore
-from ._workspace import Workspace, file_sha256, snapshot
+from ._workspace import FileStat, HashCache, Workspace, cached_sha256, file_sha256, snapshot
 
 __all__ = ["CommandContext", "run_command", "resolve_executable", "Redactor"]
 
@@ -100,8 +100,8 @@ class CommandContext:
     redactor: Redactor
     #: Variables ipykernel sets in its own process; not "changed by the user".
     ignore_env: frozenset[str] = frozenset()
-    #: The Host's (path → (mtime_ns, size, sha256)) cache for workspace manifests.
-    hash_cache: dict[str, tuple[int, int, str]] = field(default_factory=dict)
+    #: The Host's stat-keyed hash cache, shared with lineage.
+    hash_cache: HashCache = field(default_factory=dict)
     #: Called with the process once it has started (the Host tracks it per cell).
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None
 
@@ -112,20 +112,15 @@ MANIFEST_MAX_FILE = 4 * 1024 * 1024
 MANIFEST_MAX_FILES = 5_000
 
 
-def workspace_manifest(ws: Workspace, files: dict[str, tuple[int, int]],
-                       cache: dict[str, tuple[int, int, str]]) -> dict[str, str]:
+def workspace_manifest(ws: Workspace, files: dict[str, FileStat],
+                       cache: HashCache) -> dict[str, str]:
     """sha256 of each workspace file as it is now, re-hashing only files whose stat changed."""
     manifest: dict[str, str] = {}
-    for rel, (mtime, size) in files.items():
-        if size > MANIFEST_MAX_FILE or len(manifest) >= MANIFEST_MAX_FILES:
+    for rel, key in files.items():
+        if key[0] > MANIFEST_MAX_FILE or len(manifest) >= MANIFEST_MAX_FILES:
             continue
-        hit = cache.get(rel)
-        if hit is not None and hit[0] == mtime and hit[1] == size:
-            manifest[rel] = hit[2]
-            continue
-        sha = file_sha256(ws.root / rel)
+        sha = cached_sha256(ws.root, rel, cache, key)
         if sha is not None:
-            cache[rel] = (mtime, size, sha)
             manifest[rel] = sha
     return manifest
 
@@ -219,8 +214,8 @@ def _env_changes(env: Mapping[str, str], launch: Mapping[str, str],
     return sorted(n for n in names if n not in ignore and env.get(n) != launch.get(n))
 
 
-def _changes(ws: Workspace, before: dict[str, tuple[int, int]],
-             after: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+def _changes(ws: Workspace, before: dict[str, FileStat],
+             after: dict[str, FileStat]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for rel in sorted(set(before) | set(after)):
         if before.get(rel) == after.get(rel):
@@ -230,7 +225,7 @@ def _changes(ws: Workspace, before: dict[str, tuple[int, int]],
         else:
             change = "created" if rel not in before else "modified"
             out.append({"path": rel, "change": change,
-                        "sha256": file_sha256(ws.root / rel), "size": after[rel][1]})
+                        "sha256": file_sha256(ws.root / rel), "size": after[rel][0]})
         if len(out) > MAX_CHANGES:
             break
     return out

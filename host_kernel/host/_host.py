@@ -53,7 +53,7 @@ from ._kernel import KernelGeneration, kernel_env
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
 from ._server import CallServer, Emit
-from ._workspace import Workspace
+from ._workspace import HashCache, Workspace
 
 __all__ = ["Host", "HostState"]
 
@@ -125,7 +125,7 @@ class Host:
         self.redactor = Redactor(secret_names)
         #: An optional LLM client (host_kernel.llm.LLMClient) that may narrow lineage.
         self.llm = llm
-        self._hash_cache: dict[str, tuple[int, int, str]] = {}
+        self._hash_cache: HashCache = {}
         self.lineage = SessionLineage(self.workspace, self._hash_cache)
         self.state = HostState.UNOPENED
         self._kernel: KernelGeneration | None = None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..lineage.flow import OBSERVED, RECEIPT, FlowTracker, Source, file_key
-from ._workspace import Workspace, cached_sha256, file_sha256
+from ._workspace import HashCache, Workspace, cached_sha256, file_sha256
 
 __all__ = ["CellIO", "SessionLineage"]
 
@@ -43,8 +43,7 @@ class CellIO:
 
 
 class SessionLineage:
-    def __init__(self, workspace: Workspace,
-                 hash_cache: dict[str, tuple[int, int, str]] | None = None) -> None:
+    def __init__(self, workspace: Workspace, hash_cache: HashCache | None = None) -> None:
         self.workspace = workspace
         self.hash_cache = {} if hash_cache is None else hash_cache
         self.tracker = FlowTracker()

@@ -146,28 +146,37 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-def cached_sha256(root: Path, rel: str, cache: dict[str, tuple[int, int, str]]) -> str | None:
-    """sha256 of a workspace file, re-hashed only when its size or mtime changed.
+#: (size, mtime_ns, ctime_ns, inode): what must all stay equal for a cached hash to hold.
+#: ctime cannot be set by a process (os.utime changes it too), so restoring a file's
+#: mtime after changing its bytes does not fool the cache.
+FileStat = tuple[int, int, int, int]
+HashCache = dict[str, tuple[FileStat, str]]
 
-    The cache serves lineage and receipt manifests; a cell that restores a file's
-    mtime after changing it at the same size can fool it (docs/lineage.md).
-    """
-    try:
-        st = os.stat(root / rel)
-    except OSError:
-        return None
+
+def stat_key(st: os.stat_result) -> FileStat:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def cached_sha256(root: Path, rel: str, cache: HashCache,
+                  known: FileStat | None = None) -> str | None:
+    """sha256 of a workspace file, re-hashed only when its stat key changed."""
+    if known is None:
+        try:
+            known = stat_key(os.stat(root / rel))
+        except OSError:
+            return None
     hit = cache.get(rel)
-    if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
-        return hit[2]
+    if hit is not None and hit[0] == known:
+        return hit[1]
     sha = file_sha256(root / rel)
     if sha is not None:
-        cache[rel] = (st.st_mtime_ns, st.st_size, sha)
+        cache[rel] = (known, sha)
     return sha
 
 
-def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, tuple[int, int]], bool]:
-    """(relative path → (mtime_ns, size)) for regular files under root, and a truncated flag."""
-    found: dict[str, tuple[int, int]] = {}
+def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, FileStat], bool]:
+    """(relative path → its stat key) for regular files under root, and a truncated flag."""
+    found: dict[str, FileStat] = {}
 
     def walk(folder: str) -> Iterator[os.DirEntry[str]]:
         try:
@@ -191,5 +200,5 @@ def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, tup
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        found[entry.path[prefix:].replace(os.sep, "/")] = (st.st_mtime_ns, st.st_size)
+        found[entry.path[prefix:].replace(os.sep, "/")] = stat_key(st)
     return found, False

@@ -201,8 +201,8 @@ class FileBlobStore:
         removed = 0
         for leftover in self.tmp.glob("put-*"):
             pid = leftover.name.split("-")[1]
-            if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
-                continue  # another live Host sharing this record is writing it
+            if pid.isdigit() and pid_alive(int(pid)):
+                continue  # a live Host (maybe in this very process) is writing it
             leftover.unlink(missing_ok=True)
             removed += 1
         return removed

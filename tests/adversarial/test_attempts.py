@@ -214,3 +214,31 @@ def test_entry_points_are_never_executed(session: Host) -> None:
     run_ok(session, f"host.write_file('pkg/trap.py', {trap!r})\nhost.save_artifact('pkg/trap.py')")
     submit(session, source_files=list(SOURCES) + ["pkg/trap.py"], entry_points=["pkg/trap.py"])
     assert not (session.workdir / "TRAPPED").exists()
+
+
+@pytest.mark.parametrize("command, code", [
+    ("echo '1 passed in 0.01s'  # pytest", "runner_unrecognised"),
+    ("echo '1 passed in 0.01s' >&2 && python -m pytest --co -q tests", "no_tests_ran"),
+    ("echo '1 passed in 0.01s' && python -m pytest --co -q tests", "no_tests_ran"),
+    ("echo pytest", "runner_unrecognised"),
+])
+def test_a_runner_named_but_not_run_or_a_summary_forged_before_it(
+        session: Host, command: str, code: str) -> None:
+    cell = _ran(session, f"host.bash({command!r})")
+    accepted, failed = _cite(session, cell, command)
+    assert not accepted and code in failed
+
+
+def test_bytes_swapped_at_the_same_size_with_mtime_restored(own: Host) -> None:
+    # Broken code of the same size is put in place with the old mtime for the test run,
+    # then the good bytes come back: the tests never ran on the declared bytes.
+    good = SOURCES["pkg/core.py"]
+    bad = good.replace("a + b", "a - b")
+    assert len(bad) == len(good)
+    code = (f"import os\nst = os.stat('pkg/core.py')\nopen('pkg/core.py', 'w').write({bad!r})\n"
+            "os.utime('pkg/core.py', ns=(st.st_atime_ns, st.st_mtime_ns))")
+    run_ok(own, code)
+    cell = _ran(own, f"host.bash({TEST_CMD!r})")
+    run_ok(own, code.replace(repr(bad), repr(good)))
+    accepted, failed = _cite(own, cell)
+    assert not accepted and "stale_evidence" in failed

@@ -53,8 +53,17 @@ class Channel:
                                    headers={"Authorization": f"Bearer {kernel.token}"})
 
     def _hold(self) -> None:
-        self.host.execute("import os, time\nwhile not os.path.exists('.release'):\n"
-                          "    time.sleep(0.02)", timeout=600)
+        import asyncio
+
+        try:
+            self.host.execute("import os, time\nwhile not os.path.exists('.release'):\n"
+                              "    time.sleep(0.02)", timeout=600)
+        finally:
+            # jupyter_client made an event loop for this thread; close it with the thread.
+            try:
+                asyncio.get_event_loop_policy().get_event_loop().close()
+            except RuntimeError:
+                pass
 
     def post(self, name: str, body: bytes) -> list[dict[str, Any]]:
         response = self.client.post(f"/call/{name}", content=body)

@@ -1,0 +1,254 @@
+"""The Host's side of the control kernel: cells that arrive relayed from a Jupyter frontend.
+
+Owns what the relay (``host_kernel.control.relay``) needs from a Host and
+``Host.execute`` does not give it: minting and recording a cell for an
+``execute_request`` the relay forwards (so the call channel attributes the
+cell's calls to it), recording the cell when the kernel has finished it, a
+kernel death noticed by the relay, interrupts and shutdowns asked for by the
+frontend, and continuing a session across the relay process's own restart
+(a frontend's restart replaces the kernel process it launched, which is the
+relay). It does not own the wire: the relay moves the messages; this module
+only records what they meant.
+
+The relay forwards one ``execute_request`` at a time, so "the cell the Host is
+running" is exact: the cell is begun here before its request leaves the relay
+and finished only after the kernel's reply and idle status came back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import KernelError, RecordError
+from .._ids import mint_cell_id
+from ..modes import TaskMode
+from ..store.ledger import check_chain
+from ._host import Host, HostState, _join, _RunningCell
+
+__all__ = ["KernelSockets", "RelayHost", "ResumeState"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeState:
+    """What a relay process hands to the next one when the frontend restarts the kernel.
+
+    ``last_seq``/``last_hash`` anchor the record: the next process refuses to
+    continue the session if the event at ``last_seq`` no longer has that hash,
+    or if events of this session were appended after it.
+    """
+
+    session: str
+    generation: int
+    tokens: tuple[str, ...]
+    last_seq: int
+    last_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "generation": self.generation,
+                "tokens": list(self.tokens), "last_seq": self.last_seq,
+                "last_hash": self.last_hash}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ResumeState:
+        return cls(str(data["session"]), int(data["generation"]),
+                   tuple(str(t) for t in data.get("tokens", ())), int(data["last_seq"]),
+                   str(data["last_hash"]))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSockets:
+    """The current generation's client sockets, which the relay polls and sends on.
+
+    ``session`` signs with the kernel's key; the shell and stdin sockets share one
+    identity, so the kernel's ``input_request`` comes back to this relay.
+    """
+
+    generation: int
+    shell: Any
+    control: Any
+    stdin: Any
+    iopub: Any
+    session: Any
+
+
+@dataclass(slots=True)
+class _Relayed:
+    running: _RunningCell
+    started: float
+
+
+class RelayHost(Host):
+    """A Host whose cells come from a frontend through the relay, not from ``execute``.
+
+    ``RelayHost(workdir, mode=..., record_dir=..., resume=ResumeState | None)``;
+    with ``resume`` it continues that session with its next generation (reason
+    ``"restart"``) instead of starting a new one.
+    """
+
+    def __init__(self, workdir: Any, mode: str | None = None, record_dir: Any = None, *,
+                 resume: ResumeState | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("front", "jupyter")
+        super().__init__(workdir, mode=mode, record_dir=record_dir, **kwargs)
+        self._resume = resume
+        self._cell: _Relayed | None = None
+        if resume is not None:
+            self.session_id = resume.session
+
+    # ------------------------------------------------------------------ session
+
+    @property
+    def resumed(self) -> bool:
+        return self._resume is not None
+
+    def _begin_session(self) -> None:
+        if self._resume is None:
+            super()._begin_session()
+            return
+        self._adopt(self._resume)
+        self._prior_generations = self._resume.generation
+        self._old_tokens.update(self._resume.tokens)
+        self._start_generation("restart")
+
+    def _adopt(self, resume: ResumeState) -> None:
+        """Take over the session's events as this process's anchor, if they are intact."""
+        assert self.ledger is not None
+        problems = check_chain(self.ledger)
+        if problems:
+            raise RecordError(f"cannot continue session {resume.session}: the chain is broken "
+                              f"({problems[0]})")
+        rows = self.ledger.query("SELECT seq, hash, kind, body FROM events WHERE session = ? "
+                                 "ORDER BY seq", (resume.session,))
+        mine = {r["seq"]: r["hash"] for r in rows}
+        if mine.get(resume.last_seq) != resume.last_hash or max(mine, default=0) != resume.last_seq:
+            raise RecordError(f"cannot continue session {resume.session}: its events are not "
+                              f"the ones the previous relay process left")
+        started = json.loads(rows[0]["body"]) if rows and rows[0]["kind"] == "session_started" \
+            else None
+        if started is None or started.get("workdir") != str(self.workdir):
+            raise RecordError(f"cannot continue session {resume.session} from {self.workdir}")
+        mode = started.get("mode") or {}
+        self.mode = TaskMode(str(mode.get("name")), bool(mode.get("armed")),
+                             tuple(mode.get("signals", ())))
+        self.request = started.get("request")
+        self._appended = mine
+
+    def suspend(self) -> ResumeState:
+        """Stop the kernel and the record for a frontend restart, leaving the session open.
+
+        Returns what the next relay process needs to continue the session.
+        """
+        self._require_open()
+        assert self._kernel is not None
+        state = ResumeState(self.session_id, self._kernel.generation,
+                            tuple(sorted(self._old_tokens | {self._kernel.token})),
+                            max(self._appended), self._appended[max(self._appended)])
+        self._teardown()
+        self.state = HostState.CLOSED
+        return state
+
+    # ------------------------------------------------------------------ kernel
+
+    def kernel_sockets(self) -> KernelSockets:
+        """The sockets of the generation running now (they change at every restart)."""
+        self._require_open()
+        kernel = self._kernel
+        if kernel is None:
+            raise KernelError("no kernel generation is running")
+        kc = kernel.client
+        return KernelSockets(kernel.generation, kc.shell_channel.socket,
+                             kc.control_channel.socket, kc.stdin_channel.socket,
+                             kc.iopub_channel.socket, kc.session)
+
+    def kernel_alive(self) -> bool:
+        return self._kernel is not None and self._kernel.is_alive()
+
+    def interrupt_kernel(self, via: str) -> None:
+        """Interrupt the kernel with a signal (for frontends that signal the relay)."""
+        self.note("interrupt_requested", via=via)
+        if self._kernel is not None:
+            self._kernel.interrupt()
+
+    def note(self, kind: str, **body: Any) -> None:
+        """Record a frontend action (interrupt, shutdown) against the running cell, if any."""
+        cell = self._cell
+        self._append(kind, {"generation": self.generation,
+                            "cell_id": None if cell is None else cell.running.cell_id, **body})
+
+    # ------------------------------------------------------------------ cells
+
+    @property
+    def relayed_cell(self) -> str | None:
+        return None if self._cell is None else self._cell.running.cell_id
+
+    def begin_cell(self, code: str, *, frontend_cell_id: str | None, silent: bool) -> str:
+        """Mint and record a cell for an execute_request about to be forwarded; returns its id.
+
+        From here until :meth:`finish_cell`, calls from the kernel are attributed to it.
+        """
+        self._require_open()
+        if self._cell is not None:
+            raise KernelError("a relayed cell is still running; the relay sends one at a time")
+        kernel = self._kernel
+        assert kernel is not None
+        cell_id = mint_cell_id()
+        body: dict[str, Any] = {"cell_id": cell_id, "generation": kernel.generation,
+                                "code": code, "frontend_cell_id": frontend_cell_id}
+        if silent:
+            body["silent"] = True
+        self._append("cell_started", body)
+        running = _RunningCell(cell_id, kernel.generation, kernel.token, code)
+        self._cell = _Relayed(running, time.monotonic())
+        self._running = running
+        return cell_id
+
+    def finish_cell(self, status: str, execution_count: int | None,
+                    outputs: list[dict[str, Any]], *, dropped_chars: int = 0,
+                    notice: str | None = None) -> None:
+        """Record the relayed cell's end: its status, execution count and outputs."""
+        relayed = self._cell
+        if relayed is None:
+            return
+        self._running = None
+        self._cell = None
+        cell = relayed.running
+        settled = self._settle_commands(cell.cell_id)
+        notice = settled if notice is None else _join(settled, notice)
+        access = self._pending_access.pop(cell.cell_id, None)
+        body: dict[str, Any] = {
+            "cell_id": cell.cell_id, "status": status, "execution_count": execution_count,
+            "outputs": [self.redactor.deep(o) for o in outputs],
+            "duration": time.monotonic() - relayed.started, "notice": notice,
+        }
+        if dropped_chars:
+            body["dropped_chars"] = dropped_chars
+        if access is not None:
+            body["access"] = access
+        try:
+            self.lineage.cell_finished(cell.cell_id, cell.code, access, cell.io)
+        except Exception as exc:  # lineage is evidence about data, never about acceptance
+            body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+        self._append("cell_finished", body)
+
+    def kernel_died(self, execution_count: int | None = None,
+                    outputs: list[dict[str, Any]] | None = None) -> str:
+        """The relay found the kernel dead: start the next generation and record the cell.
+
+        Returns the notice the frontend is shown (also kept in the cell's record).
+        """
+        self._require_open()
+        old = self.generation
+        self._start_generation("kernel_died")
+        notice = (f"The kernel died (generation {old}). The Host started generation "
+                  f"{self.generation}: every variable, import and object in memory is gone. "
+                  f"What survives: workspace files, saved artifacts and the record.")
+        self.finish_cell("kernel_died", execution_count, outputs or [], notice=notice)
+        return notice
+
+    def restart_kernel(self, reason: str) -> int:
+        """A fresh kernel (new generation); the relayed cell, if any, is recorded as ended."""
+        self.finish_cell("kernel_died", None, [],
+                         notice=f"the kernel was restarted ({reason}) while this cell ran")
+        return self.restart(reason)
