@@ -125,6 +125,20 @@ def workspace_manifest(ws: Workspace, files: dict[str, FileStat],
     return manifest
 
 
+def last_command(command: str, cwd: Path) -> tuple[str, Path]:
+    """The last command of an ``&&`` chain, and the directory earlier ``cd X`` steps lead to."""
+    segments = [seg.strip() for seg in command.split("&&")]
+    here = cwd
+    for seg in segments[:-1]:
+        try:
+            words = shlex.split(seg, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 2 and words[0] == "cd":
+            here = Path(os.path.realpath(here / os.path.expanduser(words[1])))
+    return segments[-1], here
+
+
 def shadowed_modules(command: str, cwd: Path) -> list[str]:
     """Modules run with ``-m`` that a file or package in the working directory would shadow."""
     try:
@@ -243,7 +257,11 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     manifest = workspace_manifest(ws, before, ctx.hash_cache)
     manifest_ref = ctx.blobs.put_bytes(
         json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8"))
-    shadowed = shadowed_modules(command, cwd)
+    # The last command of an && chain is the one whose result counts (the verifier's
+    # rule); judge its executable and its module shadowing where it really runs.
+    last, last_cwd = last_command(command, cwd)
+    last_exe = resolve_executable(last, last_cwd, path_env)
+    shadowed = shadowed_modules(last, last_cwd)
 
     started = time.time()
     t0 = time.monotonic()
@@ -305,7 +323,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     after, trunc_after = snapshot(ws.root, ws.record)
     changes = _changes(ws, before, after)
     launch_path = ctx.launch_env.get("PATH", "")
-    in_ws = bool(executable) and ws.contains(Path(executable))  # type: ignore[arg-type]
+    in_ws = any(exe is not None and ws.contains(Path(exe)) for exe in (executable, last_exe))
     return {
         "receipt_id": str(uuid.uuid4()),
         "cell_id": ctx.cell_id,

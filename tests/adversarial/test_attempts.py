@@ -242,3 +242,15 @@ def test_bytes_swapped_at_the_same_size_with_mtime_restored(own: Host) -> None:
     run_ok(own, code.replace(repr(bad), repr(good)))
     accepted, failed = _cite(own, cell)
     assert not accepted and "stale_evidence" in failed
+
+
+@pytest.mark.parametrize("setup, command", [
+    ("host.write_file('sub/pytest.py', 'print(\"3 passed in 0.01s\")')", "cd sub && python -m pytest"),
+    ("host.write_file('sub/pytest', '#!/bin/sh\\necho 3 passed in 0.01s\\n')\n"
+     "import os\nos.chmod('sub/pytest', 0o755)", "cd sub && ./pytest"),
+])
+def test_a_runner_substituted_after_a_cd(session: Host, setup: str, command: str) -> None:
+    run_ok(session, setup)
+    cell = _ran(session, f"host.bash({command!r})")
+    accepted, failed = _cite(session, cell, command)
+    assert not accepted and "runner_substituted" in failed
