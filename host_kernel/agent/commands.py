@@ -1,0 +1,240 @@
+"""The agent's subcommands: ``host-kernel run``, ``host-kernel trace`` and ``host-kernel mcp``.
+
+Owns their arguments, what they print and their exit codes (0 success, 1 the
+work ran and did not succeed, 2 usage, 130 Ctrl-C, as for every command). The
+work is done by :func:`host_kernel.agent.loop.run_agent`, the event
+projection (:mod:`host_kernel.agent.projection`) and :mod:`host_kernel.mcp_server`; heavy imports wait until a
+command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Command, UsageError
+
+__all__ = ["COMMANDS", "MCP", "RUN", "TRACE"]
+
+
+def _err(text: str) -> None:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+
+
+def _mode(value: str | None) -> str | None:
+    if value is None:
+        return None
+    from ..modes import UnknownModeError, normalise_mode_name
+
+    try:
+        return normalise_mode_name(value)
+    except UnknownModeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _workdir(value: str | None) -> Path:
+    path = Path(value) if value else Path.cwd()
+    if not path.is_dir():
+        raise UsageError(f"--workdir {path} is not a directory")
+    return path
+
+
+# ---------------------------------------------------------------------------- run
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", metavar="TASK", help="what the agent is asked to do")
+    parser.add_argument("--mode", metavar="M", default=None,
+                        help="arm a task mode (analysis_run, reusable_pipeline, codebase_change);"
+                             " default: detected from TASK, advisory only")
+    parser.add_argument("--workdir", metavar="DIR", default=None,
+                        help="the workspace (default: the current directory)")
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        help="the record folder (default: WORKDIR/.host_kernel)")
+    parser.add_argument("--base-url", metavar="URL", required=True,
+                        help="an OpenAI-compatible endpoint, up to /v1 "
+                             "(e.g. http://127.0.0.1:8000/v1)")
+    parser.add_argument("--model", metavar="NAME", required=True, help="the model to ask")
+    parser.add_argument("--api-key-env", metavar="VAR", default=None,
+                        help="environment variable holding the API key (default: send none)")
+    parser.add_argument("--max-steps", metavar="N", type=int, default=None,
+                        help="most model turns (default: 30)")
+    parser.add_argument("--token-budget", metavar="N", type=int, default=None,
+                        help="context budget in tokens; history is compacted near it "
+                             "(default: 100000)")
+    parser.add_argument("--max-tokens", metavar="N", type=int, default=None,
+                        help="most tokens per reply (default: the server's)")
+    parser.add_argument("--temperature", metavar="T", type=float, default=None)
+    parser.add_argument("--stream", action="store_true", help="stream replies (SSE)")
+    parser.add_argument("--cell-timeout", metavar="S", type=float, default=None,
+                        help="seconds a cell may run before the Host interrupts it")
+    parser.add_argument("--price-in", metavar="USD", type=float, default=None,
+                        help="USD per million prompt tokens, for a cost estimate")
+    parser.add_argument("--price-out", metavar="USD", type=float, default=None,
+                        help="USD per million completion tokens")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _run_run(args: argparse.Namespace) -> int:
+    from ..llm import LLMClient, LLMConfig, LLMConfigError
+    from .events import progress_line
+    from .loop import (
+        DEFAULT_MAX_STEPS,
+        DEFAULT_TOKEN_BUDGET,
+        Outcome,
+        Prices,
+        run_agent,
+    )
+
+    workdir = _workdir(args.workdir)
+    mode = _mode(args.mode)
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    if args.token_budget is not None and args.token_budget < 1:
+        raise UsageError("--token-budget must be positive")
+    if args.api_key_env and not os.environ.get(args.api_key_env):
+        raise UsageError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    if (args.price_in is None) != (args.price_out is None):
+        raise UsageError("give both --price-in and --price-out, or neither")
+    try:
+        config = LLMConfig(args.base_url, args.model, api_key_env=args.api_key_env)
+    except LLMConfigError as exc:
+        raise UsageError(str(exc)) from None
+    prices = None if args.price_in is None else Prices(args.price_in, args.price_out)
+
+    def progress(record: dict[str, Any]) -> None:
+        line = progress_line(record)
+        if line is not None and not args.quiet:
+            _err(f"[host-kernel run] {line}")
+
+    from .._errors import HostKernelError
+
+    with LLMClient(config) as llm:
+        try:
+            result = run_agent(
+                args.task, workdir=workdir, mode=mode, llm=llm,
+                max_steps=args.max_steps or DEFAULT_MAX_STEPS, record_dir=args.record,
+                token_budget=args.token_budget or DEFAULT_TOKEN_BUDGET, on_progress=progress,
+                stream=args.stream, max_tokens=args.max_tokens, temperature=args.temperature,
+                cell_timeout=args.cell_timeout, prices=prices)
+        except HostKernelError as exc:
+            _err(f"host-kernel run: the Host could not start: {exc}")
+            return EXIT_FAILED
+    out = sys.stdout
+    if result.verdict is not None:
+        out.write(result.verdict.explain() + "\n")
+    else:
+        out.write("No submission was verified in this session.\n")
+    tail = f" ({result.reason})" if result.reason else ""
+    out.write(f"outcome: {result.outcome.value} after {result.steps} step(s){tail}\n"
+              f"record: {result.record_dir}\nevents: {result.events_path}\n")
+    out.flush()
+    if result.outcome is Outcome.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.accepted else EXIT_FAILED
+
+
+RUN = Command(
+    name="run",
+    help="run the reference agent on a task against an OpenAI-compatible model server",
+    description=(
+        "Start a Host in WORKDIR and let a model work on TASK: its python cells run through "
+        "the Host, and it finishes with the finalize_response tool (or host.submit_output), "
+        "which the Host verifies against its record. Progress goes to stderr; the verdict "
+        "and the record's location to stdout. Exit 0 only when the session ends with an "
+        "accepted completion; 1 otherwise; 130 on Ctrl-C (the running cell is interrupted "
+        "and recorded)."),
+    add_arguments=_run_arguments,
+    run=_run_run,
+)
+
+
+# ---------------------------------------------------------------------------- trace
+
+
+def _trace_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("record", metavar="RECORD",
+                        help="a record folder, a workdir holding .host_kernel, or an "
+                             "agent-events.ndjson file")
+    parser.add_argument("--session", metavar="ID", default=None,
+                        help="the session to show (default: the last one in the log)")
+    parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    parser.add_argument("--list", action="store_true", help="list the sessions in the log")
+
+
+def _events_file(value: str) -> Path:
+    from .events import EVENTS_FILE
+
+    path = Path(value)
+    for candidate in (path, path / EVENTS_FILE, path / ".host_kernel" / EVENTS_FILE):
+        if candidate.is_file():
+            return candidate
+    raise UsageError(f"{value}: no {EVENTS_FILE} there (is it a record of `host-kernel run`?)")
+
+
+def _trace_run(args: argparse.Namespace) -> int:
+    from .events import sessions_in
+    from .projection import replay
+
+    path = _events_file(args.record)
+    sessions = sessions_in(path)
+    if args.list:
+        for sid in sessions:
+            sys.stdout.write(sid + "\n")
+        return EXIT_OK
+    if args.session is not None and args.session not in sessions:
+        raise UsageError(f"no session {args.session} in {path}; --list shows them")
+    snapshot = replay(path, args.session)
+    if args.json:
+        sys.stdout.write(json.dumps(snapshot.to_dict(), indent=2) + "\n")
+    else:
+        sys.stdout.write(snapshot.render())
+    return EXIT_OK
+
+
+TRACE = Command(
+    name="trace",
+    help="show the projection of an agent session's event log (costs, tokens, cells, verdicts)",
+    add_arguments=_trace_arguments,
+    run=_trace_run,
+)
+
+
+# ---------------------------------------------------------------------------- mcp
+
+
+def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", metavar="DIR", default=None,
+                        help="the workspace (default: the current directory)")
+    parser.add_argument("--mode", metavar="M", default=None,
+                        help="arm a task mode for the session's submissions")
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        help="the record folder (default: WORKDIR/.host_kernel)")
+
+
+def _mcp_run(args: argparse.Namespace) -> int:
+    workdir = _workdir(args.workdir)
+    mode = _mode(args.mode)
+    from ..mcp_server import serve
+
+    return serve(workdir, mode=mode, record_dir=args.record)
+
+
+MCP = Command(
+    name="mcp",
+    help="serve a Host over MCP (stdio): cells, files, commands, artifacts, submissions",
+    description=(
+        "Start a Host in WORKDIR and serve it to an MCP client over stdin/stdout. Every tool "
+        "runs as a cell, so the record attributes it. Only protocol messages go to stdout; "
+        "the kernel's and the server's own output go to stderr."),
+    add_arguments=_mcp_arguments,
+    run=_mcp_run,
+)
+
+#: Loaded by :func:`host_kernel.cli.all_commands`.
+COMMANDS: list[Command] = [RUN, TRACE, MCP]
