@@ -162,6 +162,11 @@ class RelayHost(Host):
                              kc.control_channel.socket, kc.stdin_channel.socket,
                              kc.iopub_channel.socket, kc.session)
 
+    @property
+    def runtime_dir(self) -> Any:
+        """The private folder of the call socket and the kernel's IPC channels."""
+        return self._runtime_dir
+
     def kernel_alive(self) -> bool:
         return self._kernel is not None and self._kernel.is_alive()
 
@@ -228,7 +233,7 @@ class RelayHost(Host):
             body["access"] = access
         try:
             self.lineage.cell_finished(cell.cell_id, cell.code, access, cell.io)
-        except Exception as exc:  # lineage is evidence about data, never about acceptance
+        except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
             body["lineage_error"] = f"{type(exc).__name__}: {exc}"
         self._append("cell_finished", body)
 

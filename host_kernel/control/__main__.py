@@ -1,0 +1,54 @@
+"""``python -m host_kernel.control -f CONNECTION_FILE``: the control kernel's process.
+
+Owns reading the launch arguments and environment into a relay: the record
+folder (``--record``, else ``HOST_KERNEL_RECORD``, else ``./.host_kernel``), the
+task mode (``--mode``, else ``HOST_KERNEL_MODE``, else none armed) and the
+workspace (the working directory the frontend started the kernel in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..host._relay_support import RelayHost, ResumeState
+from ..modes import UnknownModeError, normalise_mode_name
+from .relay import Relay
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m host_kernel.control",
+                                     description="The host_kernel control kernel (launched by "
+                                                 "a Jupyter frontend from its kernelspec).")
+    parser.add_argument("-f", dest="connection_file", required=True,
+                        help="the connection file the frontend wrote")
+    parser.add_argument("--record", default=None, help="the record folder")
+    parser.add_argument("--mode", default=None, help="arm a task mode")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.connection_file) as f:
+            connection = json.load(f)
+    except (OSError, ValueError) as exc:
+        print(f"host_kernel: cannot read the connection file: {exc}", file=sys.stderr)
+        return 2
+    mode = args.mode or os.environ.get("HOST_KERNEL_MODE") or None
+    try:
+        mode = None if mode is None else normalise_mode_name(mode)
+    except UnknownModeError as exc:
+        print(f"host_kernel: {exc}", file=sys.stderr)
+        return 2
+    workdir = Path.cwd()
+    record = Path(args.record or os.environ.get("HOST_KERNEL_RECORD")
+                  or workdir / ".host_kernel").resolve()
+
+    def make_host(resume: ResumeState | None) -> RelayHost:
+        return RelayHost(workdir, mode=mode, record_dir=record, resume=resume)
+
+    return Relay(connection, args.connection_file, record, make_host).serve()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

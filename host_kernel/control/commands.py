@@ -1,0 +1,145 @@
+"""``host-kernel install``, ``uninstall`` and ``export``: the Jupyter front door's commands.
+
+Owns their arguments, messages and exit codes (see :mod:`host_kernel.cli` for
+the registry and the shared exit-code rules). The work is done by
+:mod:`.kernelspec` and :mod:`host_kernel.export`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import cast
+
+from ..cli import EXIT_FAILED, EXIT_OK, Command, UsageError
+
+__all__ = ["COMMANDS"]
+
+
+def _install_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="install for the current user")
+    where.add_argument("--sys-prefix", action="store_true",
+                       help="install into this Python's prefix (a virtual environment's)")
+    where.add_argument("--prefix", metavar="P", default=None,
+                       help="install under P/share/jupyter/kernels")
+    parser.add_argument("--name", default=None, help="the kernelspec's name (default: host_kernel)")
+    parser.add_argument("--display-name", default=None, help="the name frontends show")
+    parser.add_argument("--mode", default=None,
+                        help="arm a task mode in every session of this kernelspec "
+                             "(analysis_run, reusable_pipeline, codebase_change)")
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        help="one record folder for every session (default: "
+                             "$HOST_KERNEL_RECORD, else .host_kernel in the notebook's folder)")
+
+
+def _install_run(args: argparse.Namespace) -> int:
+    from ..modes import UnknownModeError, normalise_mode_name
+    from .kernelspec import KERNEL_NAME, install
+
+    mode = None
+    if args.mode is not None:
+        try:
+            mode = normalise_mode_name(args.mode)
+        except UnknownModeError as exc:
+            raise UsageError(str(exc)) from None
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    name = args.name or KERNEL_NAME
+    try:
+        path = install(name, user=args.user, prefix=prefix, mode=mode, record=args.record,
+                       display_name=args.display_name)
+    except ValueError as exc:  # jupyter_client's message for a bad kernel name
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        print(f"host-kernel install: cannot write the kernelspec: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"installed kernelspec {name} in {path}")
+    return EXIT_OK
+
+
+INSTALL = Command(
+    name="install",
+    help="install the control kernel as a Jupyter kernelspec (JupyterLab, VS Code, nbclient)",
+    description=("Write a kernelspec whose kernel is a Host relaying to a real ipykernel: every "
+                 "cell gets a Host-minted id and goes into the record. Without --user, "
+                 "--sys-prefix or --prefix it installs system-wide."),
+    add_arguments=_install_arguments,
+    run=_install_run,
+)
+
+
+def _uninstall_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=None, help="the kernelspec's name (default: host_kernel)")
+
+
+def _uninstall_run(args: argparse.Namespace) -> int:
+    from .kernelspec import KERNEL_NAME, uninstall
+
+    name = args.name or KERNEL_NAME
+    try:
+        path = uninstall(name)
+    except KeyError:
+        raise UsageError(f"no kernelspec named {name!r} is installed") from None
+    print(f"removed kernelspec {name} from {path}")
+    return EXIT_OK
+
+
+UNINSTALL = Command(
+    name="uninstall",
+    help="remove the control kernel's kernelspec",
+    add_arguments=_uninstall_arguments,
+    run=_uninstall_run,
+)
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("record", help="the record folder (or a workdir holding .host_kernel)")
+    parser.add_argument("-o", "--output", metavar="OUT.ipynb", default=None,
+                        help="write the notebook here (default: print it)")
+    parser.add_argument("--session", metavar="ID", default=None,
+                        help="the session to export (default: the latest one started)")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    import nbformat
+
+    from .._errors import RecordError
+    from ..export import export_notebook, record_folder
+
+    try:
+        record = record_folder(args.record)
+    except RecordError as exc:
+        raise UsageError(exc.message) from None
+    try:
+        nb = export_notebook(record, args.session)
+    except RecordError as exc:
+        print(f"host-kernel export: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+    text = cast(Callable[..., str], nbformat.writes)(nb)  # nbformat ships no type hints
+    if args.output is None:
+        sys.stdout.write(text + "\n")
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    print(f"exported {len(nb.cells)} cells of session {nb.metadata['host_kernel']['session']} "
+          f"to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+EXPORT = Command(
+    name="export",
+    help="export a session of a record as an nbformat 4.5 notebook with Host cell ids",
+    description=("Write the session's cells as a notebook: cell ids are the Host-minted ids; "
+                 "cell metadata holds generation, status, receipts, artifacts and the "
+                 "frontend's cell id; notebook metadata the session, mode and submission "
+                 "verdicts. Reads only events whose hash chain is intact."),
+    add_arguments=_export_arguments,
+    run=_export_run,
+)
+
+#: Loaded by host_kernel.cli through COMMAND_MODULES.
+COMMANDS: list[Command] = [INSTALL, UNINSTALL, EXPORT]

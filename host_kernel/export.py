@@ -1,0 +1,252 @@
+"""Export one session of a record as an nbformat 4.5 notebook.
+
+Owns turning a session's cells, as the Host recorded them, into a notebook a
+person can open in JupyterLab: one code cell per executed cell, whose ``id`` is
+the Host-minted cell id, with its source, its recorded outputs and execution
+count; cell metadata under ``host_kernel`` with the generation, status,
+receipts, artifacts (with their lineage inputs) and the frontend's own cell id;
+notebook metadata under ``host_kernel`` with the session, its mode and every
+submission verdict. It reads a projection rebuilt from the hash-chained events
+(:func:`~host_kernel.store.ledger.rebuild`), never the projection tables on
+disk, and refuses a record whose chain is broken. It never writes the record.
+
+Outputs are kept as recorded, cleaned only where nbformat's schema would
+reject them (keys it does not allow, non-text values under a text media type),
+so ``nbformat.validate`` passes on every export.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import nbformat
+
+from ._errors import RecordError
+from .store.ledger import SQLiteLedger, check_chain, rebuild
+
+__all__ = ["KERNELSPEC", "export_notebook", "record_folder"]
+
+#: The kernelspec an exported notebook names: the control kernel (host-kernel install).
+KERNELSPEC = {"name": "host_kernel", "display_name": "Python 3 (host_kernel)",
+              "language": "python"}
+
+# nbformat ships no type hints.
+_new_notebook = cast(Callable[..., Any], nbformat.v4.new_notebook)
+_new_code_cell = cast(Callable[..., Any], nbformat.v4.new_code_cell)
+_from_dict = cast(Callable[..., Any], nbformat.from_dict)
+
+#: Media types whose value may be any JSON (nbformat's own pattern); others must be text.
+_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
+
+#: The keys nbformat 4.5 allows on each output type.
+_OUTPUT_KEYS = {
+    "stream": ("output_type", "name", "text"),
+    "display_data": ("output_type", "data", "metadata"),
+    "execute_result": ("output_type", "data", "metadata", "execution_count"),
+    "error": ("output_type", "ename", "evalue", "traceback"),
+}
+
+
+def record_folder(path: str | Path) -> Path:
+    """The record folder ``path`` names: the folder itself, or a workdir holding ``.host_kernel``.
+
+    Raises RecordError when there is no ledger there.
+    """
+    root = Path(path)
+    if (root / ".host_kernel" / "ledger.sqlite").is_file():
+        root = root / ".host_kernel"
+    if not (root / "ledger.sqlite").is_file():
+        raise RecordError(f"{path} is not a record folder (no ledger.sqlite in it)")
+    return root
+
+
+def export_notebook(record_dir: str | Path, session: str | None = None) -> Any:
+    """The session (default: the latest started in the record) as an nbformat 4.5 notebook.
+
+    Raises RecordError when the record cannot be read, its hash chain is broken,
+    or it holds no such session.
+    """
+    root = record_folder(record_dir)
+    with SQLiteLedger(root / "ledger.sqlite") as ledger:
+        problems = check_chain(ledger)
+        if problems:
+            raise RecordError(f"the record's hash chain is broken ({problems[0]}); "
+                              f"run `host-kernel audit {root}` before trusting an export")
+        trusted = rebuild(ledger)
+    try:
+        return _notebook(trusted, session)
+    finally:
+        trusted.close()
+
+
+def _notebook(ledger: SQLiteLedger, session: str | None) -> Any:
+    row = _session_row(ledger, session)
+    sid = row["session"]
+    silent = _silent_cells(ledger, sid)
+    receipts = _by_cell(ledger, "SELECT cell_id, receipt_id, command, exit_status FROM receipts "
+                                "WHERE session = ? ORDER BY seq", sid)
+    artifacts = _by_cell(ledger, "SELECT cell_id, artifact_id, filename, sha256, lineage "
+                                 "FROM artifacts WHERE session = ? ORDER BY seq", sid)
+    notices = _notices(ledger, sid)
+    nb = _new_notebook()
+    for cell in ledger.query("SELECT * FROM cells WHERE session = ? ORDER BY seq_started",
+                             (sid,)):
+        if cell["cell_id"] in silent:
+            continue  # a frontend's silent request (a variable viewer, say) is no notebook cell
+        nb.cells.append(_cell(cell, receipts.get(cell["cell_id"], []),
+                              artifacts.get(cell["cell_id"], []), notices.get(cell["cell_id"])))
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["host_kernel"] = {
+        "session": sid,
+        "mode": row["mode"],
+        "armed": bool(row["armed"]),
+        "front": row["front"],
+        "host_version": row["host_version"],
+        "workdir": row["workdir"],
+        "generations": [dict(g) for g in ledger.query(
+            "SELECT generation, reason FROM generations WHERE session = ? ORDER BY generation",
+            (sid,))],
+        "submissions": _submissions(ledger, sid),
+    }
+    nbformat.validate(nb)
+    return nb
+
+
+def _session_row(ledger: SQLiteLedger, session: str | None) -> Any:
+    if session is None:
+        rows = ledger.query("SELECT s.* FROM sessions s JOIN events e ON e.session = s.session "
+                            "AND e.kind = 'session_started' ORDER BY e.seq DESC LIMIT 1")
+        if not rows:
+            raise RecordError("the record holds no session")
+        return rows[0]
+    rows = ledger.query("SELECT * FROM sessions WHERE session = ?", (session,))
+    if not rows:
+        raise RecordError(f"the record holds no session {session!r}")
+    return rows[0]
+
+
+def _silent_cells(ledger: SQLiteLedger, session: str) -> set[str]:
+    found: set[str] = set()
+    for row in ledger.query("SELECT body FROM events WHERE session = ? AND kind = 'cell_started'",
+                            (session,)):
+        body = json.loads(row["body"])
+        if body.get("silent"):
+            found.add(body["cell_id"])
+    return found
+
+
+def _notices(ledger: SQLiteLedger, session: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for row in ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
+                            "'cell_finished'", (session,)):
+        body = json.loads(row["body"])
+        if body.get("notice"):
+            found[body["cell_id"]] = body["notice"]
+    return found
+
+
+def _by_cell(ledger: SQLiteLedger, sql: str, session: str) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row in ledger.query(sql, (session,)):
+        item = {k: v for k, v in dict(row).items() if k != "cell_id"}
+        if "lineage" in item:
+            lineage = json.loads(item.pop("lineage") or "null") or {}
+            item["lineage_inputs"] = [
+                {k: v for k, v in inp.items() if k in ("key", "path", "sha256", "artifact_id",
+                                                        "method")}
+                for inp in lineage.get("inputs", [])]
+        found.setdefault(row["cell_id"], []).append(item)
+    return found
+
+
+def _submissions(ledger: SQLiteLedger, session: str) -> list[dict[str, Any]]:
+    out = []
+    for row in ledger.query("SELECT body FROM submissions WHERE session = ? ORDER BY seq",
+                            (session,)):
+        body = json.loads(row["body"])
+        verdict = body.get("verdict") or {}
+        checks = verdict.get("checks") or []
+        out.append({
+            "submission_id": body.get("submission_id"),
+            "cell_id": body.get("cell_id"),
+            "accepted": bool(body.get("accepted")),
+            "mode": verdict.get("mode"),
+            "armed": verdict.get("armed"),
+            "failed": [c.get("code") for c in checks if not c.get("ok") and not c.get("advisory")],
+            "advice": [c.get("code") for c in checks if not c.get("ok") and c.get("advisory")],
+        })
+    return out
+
+
+def _cell(row: Any, receipts: list[dict[str, Any]], artifacts: list[dict[str, Any]],
+          notice: str | None) -> Any:
+    outputs = [o for o in (_clean_output(x) for x in json.loads(row["outputs"] or "[]")) if o]
+    meta: dict[str, Any] = {
+        "generation": row["generation"],
+        "status": row["status"],
+        "receipts": receipts,
+        "artifacts": artifacts,
+        "frontend_cell_id": row["frontend_cell_id"],
+    }
+    if notice:
+        meta["notice"] = notice
+    count = row["execution_count"]
+    cell = _new_code_cell(source=row["code"], id=row["cell_id"],
+                                     execution_count=count if isinstance(count, int) else None,
+                                     metadata={"host_kernel": meta})
+    cell.outputs = [_from_dict(o) for o in outputs]
+    return cell
+
+
+def _clean_output(out: Any) -> dict[str, Any] | None:
+    """The output as nbformat 4.5 allows it, or None for something that is no output."""
+    if not isinstance(out, dict):
+        return None
+    kind = out.get("output_type")
+    keys = _OUTPUT_KEYS.get(cast(str, kind))
+    if keys is None:
+        return None
+    clean = {k: out[k] for k in keys if k in out}
+    if kind == "stream":
+        clean["name"] = str(clean.get("name") or "stdout")
+        clean["text"] = _text(clean.get("text", ""))
+    elif kind == "error":
+        clean["ename"] = str(clean.get("ename", ""))
+        clean["evalue"] = str(clean.get("evalue", ""))
+        tb = clean.get("traceback")
+        clean["traceback"] = [str(t) for t in tb] if isinstance(tb, list) else []
+    else:
+        clean["data"] = _mimebundle(clean.get("data"))
+        meta = clean.get("metadata")
+        clean["metadata"] = meta if isinstance(meta, dict) else {}
+        if kind == "execute_result":
+            count = clean.get("execution_count")
+            clean["execution_count"] = count if isinstance(count, int) else None
+    return clean
+
+
+def _mimebundle(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {}
+    bundle: dict[str, Any] = {}
+    for mime, value in data.items():
+        if not isinstance(mime, str) or "/" not in mime:
+            continue
+        if _JSON_MIME.match(mime):
+            bundle[mime] = value
+        else:
+            bundle[mime] = _text(value)
+    return bundle
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    return json.dumps(value)

@@ -1,0 +1,327 @@
+"""The control kernel: a kernelspec whose kernel is a Host relaying to a real ipykernel.
+
+One relay kernel, started from the installed kernelspec through jupyter_client as
+any frontend would, serves the tests in order; the last ones restart it, kill its
+kernel and shut it down, and check that every process and folder it made is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty
+from typing import Any
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import KernelManager
+from jupyter_client.session import Session
+
+from host_kernel.audit import audit
+from host_kernel.cli import main as cli_main
+from host_kernel.export import export_notebook
+from host_kernel.store.ledger import SQLiteLedger, rebuild
+
+
+@contextlib.contextmanager
+def kernelspecs(root: Path) -> Iterator[Path]:
+    """The control kernel installed under ROOT (plain, and armed as host_kernel_pipeline),
+    with JUPYTER_PATH pointing there for as long as the context lasts."""
+    prefix = root / "jupyter-prefix"
+    with contextlib.redirect_stdout(None):
+        assert cli_main(["install", "--prefix", str(prefix)]) == 0
+        assert cli_main(["install", "--prefix", str(prefix), "--mode", "reusable_pipeline",
+                         "--name", "host_kernel_pipeline"]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+        yield prefix
+
+
+def hk_folders(tmpdir: Path) -> list[Path]:
+    return sorted(tmpdir.glob("hk-*"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class RelayKernel:
+    """A control kernel started like a frontend starts one; TMPDIR is its own folder."""
+
+    km: KernelManager
+    kc: Any
+    workdir: Path
+    tmpdir: Path
+    sent: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, workdir: Path, name: str = "host_kernel") -> RelayKernel:
+        tmpdir = workdir.parent / f"{workdir.name}-tmp"
+        tmpdir.mkdir()
+        km = KernelManager(kernel_name=name)
+        km.start_kernel(cwd=str(workdir), env={**os.environ, "TMPDIR": str(tmpdir)})
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=60)
+        except RuntimeError:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+            raise
+        return cls(km, kc, workdir, tmpdir)
+
+    def run(self, code: str, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Execute; return the reply and the iopub messages of the request."""
+        seen: list[dict[str, Any]] = []
+        self.sent.append(code)
+        reply = self.kc.execute_interactive(code, timeout=30, output_hook=seen.append, **kwargs)
+        return reply, seen
+
+    def stdout(self, code: str) -> str:
+        reply, seen = self.run(code)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(m["content"]["text"] for m in seen if m["msg_type"] == "stream")
+
+    def reply_to(self, msg_id: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            msg: dict[str, Any] = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def stop(self) -> None:
+        self.kc.stop_channels()
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=False)
+        self.km.cleanup_resources()
+
+    @property
+    def record(self) -> Path:
+        return self.workdir / ".host_kernel"
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        with SQLiteLedger(self.record / "ledger.sqlite") as ledger:
+            return [e.body for e in ledger.events() if e.kind == kind]
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayKernel]:
+    root = tmp_path_factory.mktemp("control")
+    workdir = root / "ws"
+    workdir.mkdir()
+    with kernelspecs(root):
+        k = RelayKernel.start(workdir)
+        try:
+            yield k
+        finally:
+            k.stop()
+
+
+# ------------------------------------------------------------------ the kernelspec
+
+
+def test_install_writes_a_kernelspec_that_launches_the_control_kernel(tmp_path: Path) -> None:
+    with kernelspecs(tmp_path) as prefix:
+        spec = KernelSpecManager().get_kernel_spec("host_kernel")
+        assert spec.display_name == "Python 3 (host_kernel)"
+        assert spec.argv[1:] == ["-m", "host_kernel.control", "-f", "{connection_file}"]
+        assert Path(spec.argv[0]).name.startswith("python")
+        assert spec.interrupt_mode == "message"
+        armed = KernelSpecManager().get_kernel_spec("host_kernel_pipeline")
+        assert armed.argv[-2:] == ["--mode", "reusable_pipeline"]
+        with contextlib.redirect_stdout(None):
+            assert cli_main(["uninstall", "--name", "host_kernel_pipeline"]) == 0
+            assert cli_main(["uninstall", "--name", "host_kernel_pipeline"]) == 2
+        assert "host_kernel_pipeline" not in KernelSpecManager().find_kernel_specs()
+        assert (prefix / "share" / "jupyter" / "kernels" / "host_kernel" / "kernel.json").is_file()
+
+
+def test_install_refuses_an_unknown_mode(tmp_path: Path) -> None:
+    with contextlib.redirect_stderr(None):
+        assert cli_main(["install", "--prefix", str(tmp_path), "--mode", "nonsense"]) == 2
+
+
+# ------------------------------------------------------------------ cells
+
+
+def test_host_cell_id_is_the_minted_id_recorded_beside_the_frontends_and_exported(
+        kernel: RelayKernel) -> None:
+    content = {"code": "print(host.cell_id)", "silent": False, "store_history": True,
+               "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msg = kernel.kc.session.msg("execute_request", content,
+                                metadata={"cellId": "frontend-cell-1"})
+    kernel.kc.shell_channel.send(msg)
+    kernel.sent.append(content["code"])
+    assert kernel.reply_to(msg["header"]["msg_id"])["content"]["status"] == "ok"
+    printed = ""
+    while not printed:
+        out = kernel.kc.get_iopub_msg(timeout=10)
+        if out["msg_type"] == "stream" and out["parent_header"]["msg_id"] == msg["header"]["msg_id"]:
+            printed = out["content"]["text"].strip()
+    started = [b for b in kernel.events("cell_started") if b["cell_id"] == printed]
+    assert started and started[0]["frontend_cell_id"] == "frontend-cell-1"
+    exported = {c.id: c for c in export_notebook(kernel.record).cells}
+    assert exported[printed].metadata["host_kernel"]["frontend_cell_id"] == "frontend-cell-1"
+    assert exported[printed].outputs[0]["text"].strip() == printed
+
+
+def test_outputs_of_every_kind_reach_the_client_and_the_record(kernel: RelayKernel) -> None:
+    reply, seen = kernel.run("import sys\nprint('out')\nprint('err', file=sys.stderr)\n"
+                             "from IPython.display import HTML, display\n"
+                             "display(HTML('<i>h</i>'))\n6 * 7")
+    assert reply["content"]["status"] == "ok"
+    kinds = [m["msg_type"] for m in seen]
+    assert {"stream", "display_data", "execute_result"} <= set(kinds)
+    finished = kernel.events("cell_finished")[-1]
+    recorded = {o["output_type"] for o in finished["outputs"]}
+    assert recorded == {"stream", "display_data", "execute_result"}
+    assert finished["execution_count"] == reply["content"]["execution_count"]
+
+
+def test_input_round_trips_through_the_relay(kernel: RelayKernel) -> None:
+    prompts: list[str] = []
+
+    def answer(msg: dict[str, Any]) -> None:
+        prompts.append(msg["content"]["prompt"])
+        kernel.kc.input("relayed answer")
+
+    reply, seen = kernel.run("name = input('who? ')\nprint('got', name)", allow_stdin=True,
+                             stdin_hook=answer)
+    assert reply["content"]["status"] == "ok"
+    assert prompts == ["who? "]
+    assert "got relayed answer" in "".join(m["content"].get("text", "") for m in seen)
+
+
+def test_an_ipywidgets_comm_round_trips_through_the_relay(kernel: RelayKernel) -> None:
+    pytest.importorskip("ipywidgets")
+    reply, seen = kernel.run("import ipywidgets\nslider = ipywidgets.IntSlider(value=1)\nslider")
+    assert reply["content"]["status"] == "ok"
+    [opened] = [m for m in seen if m["msg_type"] == "comm_open"
+                and m["content"]["data"]["state"].get("_model_name") == "IntSliderModel"]
+    comm_id = opened["content"]["comm_id"]
+    update = kernel.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {
+        "method": "update", "state": {"value": 7}, "buffer_paths": []}})
+    kernel.kc.shell_channel.send(update)
+    echoed = None
+    deadline = time.monotonic() + 10
+    while echoed is None and time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=10)
+        if msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == comm_id:
+            echoed = msg["content"]["data"]
+    assert echoed is not None and echoed["state"]["value"] == 7
+    assert kernel.stdout("print(slider.value)").strip() == "7"
+
+
+def test_an_interrupt_from_the_client_stops_a_sleeping_cell_promptly(
+        kernel: RelayKernel) -> None:
+    msg_id = kernel.kc.execute("import time\ntime.sleep(60)")
+    kernel.sent.append("sleep")
+    while True:  # wait until the kernel is running it
+        msg = kernel.kc.get_iopub_msg(timeout=10)
+        if msg["msg_type"] == "execute_input" and msg["parent_header"]["msg_id"] == msg_id:
+            break
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    reply = kernel.reply_to(msg_id, timeout=10)
+    assert time.monotonic() - t0 < 5
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    cell = [b for b in kernel.events("cell_started") if "time.sleep(60)" in b["code"]][-1]
+    assert any(e["cell_id"] == cell["cell_id"] for e in kernel.events("interrupt_requested"))
+    finished = [b for b in kernel.events("cell_finished") if b["cell_id"] == cell["cell_id"]]
+    assert finished[0]["status"] == "error"
+
+
+def test_requests_queued_behind_a_failing_cell_are_aborted_as_ipykernel_does(
+        kernel: RelayKernel) -> None:
+    failing = kernel.kc.execute("raise ValueError('stop here')")
+    queued = kernel.kc.execute("print('must not run')")
+    kernel.sent += ["failing", "queued"]
+    assert kernel.reply_to(failing)["content"]["status"] == "error"
+    assert kernel.reply_to(queued)["content"]["status"] == "aborted"
+    statuses = {b["cell_id"]: b["status"] for b in kernel.events("cell_finished")}
+    aborted = [b for b in kernel.events("cell_started") if b["code"] == "print('must not run')"]
+    assert statuses[aborted[0]["cell_id"]] == "aborted"
+    assert kernel.stdout("print('after')") == "after\n"
+
+
+def test_a_message_with_a_bad_signature_is_dropped(kernel: RelayKernel) -> None:
+    forger = Session(key=b"not the key")
+    forged = forger.msg("execute_request", {"code": "print('forged')", "silent": False})
+    kernel.kc.shell_channel.socket.send_multipart(forger.serialize(forged))
+    with pytest.raises(Empty):
+        kernel.reply_to(forged["header"]["msg_id"], timeout=0.5)
+    assert not [b for b in kernel.events("cell_started") if "forged" in b["code"]]
+
+
+def test_completion_inspection_and_history_pass_through(kernel: RelayKernel) -> None:
+    kernel.run("relay_value = 41")
+    msg_id = kernel.kc.complete("relay_val", 9)
+    assert "relay_value" in kernel.reply_to(msg_id)["content"]["matches"]
+    msg_id = kernel.kc.inspect("relay_value", 11)
+    assert kernel.reply_to(msg_id)["content"]["found"]
+    msg_id = kernel.kc.history(hist_access_type="tail", n=2)
+    assert kernel.reply_to(msg_id)["content"]["history"]
+
+
+# ------------------------------------------------------------------ generations
+
+
+def test_a_kernel_death_is_recorded_and_the_next_cell_runs_in_a_new_generation(
+        kernel: RelayKernel) -> None:
+    reply, _ = kernel.run("import os\nos._exit(1)")
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KernelDied"
+    assert "generation 2" in reply["content"]["evalue"]
+    assert kernel.stdout("print(host.generation)").strip() == "2"
+    assert {"generation": 2, "reason": "kernel_died"} == kernel.events("generation_started")[-1]
+    died = [b for b in kernel.events("cell_finished") if b["status"] == "kernel_died"]
+    assert died and "in memory is gone" in died[-1]["notice"]
+
+
+def test_a_restart_from_the_client_is_the_next_generation_of_the_same_session(
+        kernel: RelayKernel) -> None:
+    kernel.km.restart_kernel(now=False)
+    kernel.kc.wait_for_ready(timeout=60)
+    assert kernel.stdout("print(host.generation)").strip() == "3"
+    with SQLiteLedger(kernel.record / "ledger.sqlite") as ledger:
+        sessions = {e.session for e in ledger.events()}
+        started = [e for e in ledger.events() if e.kind == "session_started"]
+    assert len(sessions) == 1 and len(started) == 1
+    assert kernel.events("generation_started")[-1] == {"generation": 3, "reason": "restart"}
+    assert kernel.events("frontend_shutdown")[-1]["restart"] is True
+
+
+def test_shutdown_ends_the_session_and_leaves_no_process_or_folder(
+        kernel: RelayKernel) -> None:
+    inner = int(kernel.stdout("import os\nprint(os.getpid())"))
+    relay = kernel.km.provisioner.process.pid  # type: ignore[union-attr]
+    kernel.stop()
+    deadline = time.monotonic() + 5
+    while (alive(inner) or alive(relay)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(relay) and not alive(inner)
+    assert hk_folders(kernel.tmpdir) == []
+    assert kernel.events("session_ended")
+    report = audit(kernel.record)
+    assert report.clean, [str(f) for f in report.findings]
+    with SQLiteLedger(kernel.record / "ledger.sqlite") as ledger:
+        trusted = rebuild(ledger)
+        try:
+            rows = trusted.query("SELECT status FROM cells")
+        finally:
+            trusted.close()
+    assert len(rows) == len(kernel.sent)  # every execute_request is a recorded cell
+    assert all(r["status"] != "running" for r in rows)
+    assert not list((kernel.record / "relay").glob("*.json"))  # the restart marker was taken
+    assert json.loads(json.dumps(export_notebook(kernel.record)))["nbformat"] == 4
