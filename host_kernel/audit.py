@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import RecordError
+from .host._workspace import file_sha256
 from .modes import TaskMode
 from .store.blobs import FileBlobStore
 from .store.ledger import SQLiteLedger, check_chain, rebuild
@@ -177,23 +178,13 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
             base = workdirs.get(row["session"])
             if not path or not sha or not base:
                 continue
-            current = _sha_or_none(Path(base) / path)
+            current = file_sha256(Path(base) / path)
             if current != sha:
                 now = "is gone" if current is None else f"now hashes to {current[:12]}…"
                 report.findings.append(Finding(
                     "lineage_drift", where,
                     f"recorded {sha[:12]}… ({item.get('hashed_at', 'at save')}); the file {now}",
                     fatal=strict))
-
-
-def _sha_or_none(path: Path) -> str | None:
-    import hashlib
-
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
 
 
 def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from host_kernel import Host
 
+from _pipeline import build_package
+
 
 def _children(pid: int) -> set[int]:
     """Every live descendant of ``pid`` (Linux /proc)."""
@@ -69,4 +71,23 @@ def host(workdir: Path) -> Iterator[Host]:
 @pytest.fixture
 def armed_host(workdir: Path) -> Iterator[Host]:
     with Host(workdir, mode="reusable_pipeline") as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """An armed session with a real package and a passing test receipt. Tests that only
+    submit share it (one per test module); tests that change files or the record use
+    ``fresh``."""
+    ws = tmp_path_factory.mktemp("honest") / "ws"
+    ws.mkdir()
+    with Host(ws, mode="reusable_pipeline") as h:
+        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
+        yield h
+
+
+@pytest.fixture
+def fresh(workdir: Path) -> Iterator[Host]:
+    with Host(workdir, mode="reusable_pipeline") as h:
+        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
         yield h

@@ -14,7 +14,7 @@ from host_kernel.audit import audit
 
 from _helpers import run_ok
 
-from test_verify import TEST_CMD, build_package, submit
+from _pipeline import build_package, submit
 
 
 @pytest.fixture

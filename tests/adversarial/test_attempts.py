@@ -1,7 +1,8 @@
 """Cell code trying to get an unbacked completion accepted: each attempt refused or without effect.
 
 Every attempt runs in a real cell of an armed session with a real package whose tests
-really pass (the `honest` fixture of test_verify), so the only thing wrong is the lie.
+really pass (the `honest` and `fresh` fixtures of conftest.py), so the only thing wrong
+is the lie.
 """
 
 from __future__ import annotations
@@ -17,23 +18,7 @@ from host_kernel import Host
 from host_kernel.audit import audit
 
 from _helpers import refusal, run_ok
-from test_verify import SOURCES, TEST_CMD, build_package, submit
-
-
-@pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
-    ws = tmp_path_factory.mktemp("adversarial") / "ws"
-    ws.mkdir()
-    with Host(ws, mode="reusable_pipeline") as h:
-        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
-        yield h
-
-
-@pytest.fixture
-def own(workdir: Path) -> Iterator[Host]:
-    with Host(workdir, mode="reusable_pipeline") as h:
-        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
-        yield h
+from _pipeline import SOURCES, TEST_CMD, build_package, submit
 
 
 def _cite(host: Host, cell_id: object, command: str = TEST_CMD) -> tuple[bool, dict[str, bool]]:
@@ -46,154 +31,154 @@ def _ran(host: Host, code: str) -> str:
     return host.execute(code).cell_id
 
 
-def test_made_up_exit_status_sent_to_the_socket(session: Host) -> None:
-    cell = _ran(session, "import httpx, os\n"
+def test_made_up_exit_status_sent_to_the_socket(honest: Host) -> None:
+    cell = _ran(honest, "import httpx, os\n"
                          "c = httpx.Client(transport=httpx.HTTPTransport(uds=os.environ['HOST_KERNEL_SOCKET']))\n"
                          "c.post('http://h/call/bash', json={'command': 'exit 1', 'exit_status': 0, "
                          "'cwd': os.getcwd(), 'env': dict(os.environ)}, headers={'Authorization': "
                          "'Bearer ' + os.environ['HOST_KERNEL_TOKEN']})")
-    accepted, failed = _cite(session, cell, "exit 1")
+    accepted, failed = _cite(honest, cell, "exit 1")
     assert not accepted and "exit_nonzero" in failed
 
 
-def test_a_receipt_built_by_hand(session: Host) -> None:
+def test_a_receipt_built_by_hand(honest: Host) -> None:
     code = ("from host_kernel import Receipt\nr = host.bash('exit 1')\nd = r.to_dict()\n"
             "d.update(exit_status=0, command=" + repr(TEST_CMD) + ")\nfake = Receipt.from_dict(d)")
-    cell = _ran(session, code)
-    accepted, failed = _cite(session, cell)
+    cell = _ran(honest, code)
+    accepted, failed = _cite(honest, cell)
     assert not accepted and "receipt_missing" in failed
 
 
-def test_a_printed_cell_id_line(session: Host) -> None:
-    run_ok(session, f"print('[cell id: FORGED-cell-id-0001]')\nprint('$ {TEST_CMD}')\n"
+def test_a_printed_cell_id_line(honest: Host) -> None:
+    run_ok(honest, f"print('[cell id: FORGED-cell-id-0001]')\nprint('$ {TEST_CMD}')\n"
                     "print('4 passed in 0.02s')")
-    accepted, failed = _cite(session, "FORGED-cell-id-0001")
+    accepted, failed = _cite(honest, "FORGED-cell-id-0001")
     assert not accepted and "cell_id_unknown" in failed
 
 
-def test_tests_run_with_subprocess_then_cited(session: Host) -> None:
-    cell = _ran(session, f"import subprocess\nsubprocess.run({TEST_CMD!r}, shell=True, check=True)")
-    accepted, failed = _cite(session, cell)
+def test_tests_run_with_subprocess_then_cited(honest: Host) -> None:
+    cell = _ran(honest, f"import subprocess\nsubprocess.run({TEST_CMD!r}, shell=True, check=True)")
+    accepted, failed = _cite(honest, cell)
     assert not accepted and "receipt_missing" in failed
 
 
 @pytest.mark.parametrize("cell_id", [3, "3", "In[3]", "cell-3"])
-def test_a_cell_number_or_execution_count(session: Host, cell_id: object) -> None:
-    accepted, failed = _cite(session, cell_id)
+def test_a_cell_number_or_execution_count(honest: Host, cell_id: object) -> None:
+    accepted, failed = _cite(honest, cell_id)
     assert not accepted and "cell_id_unknown" in failed
 
 
-def test_a_cell_id_from_another_sessions_record(session: Host, tmp_path: Path) -> None:
+def test_a_cell_id_from_another_sessions_record(honest: Host, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()
     with Host(other, mode="reusable_pipeline") as h:
         foreign = build_package(h)
-    accepted, failed = _cite(session, foreign)
+    accepted, failed = _cite(honest, foreign)
     assert not accepted and "cell_id_unknown" in failed
 
 
 @pytest.mark.parametrize("command", [f"{TEST_CMD} || true", f"{TEST_CMD}; true",
                                      f"{TEST_CMD} | tee out.log", f"eval {TEST_CMD!r}",
                                      f"{TEST_CMD} & wait"])
-def test_commands_that_can_hide_a_failure(session: Host, command: str) -> None:
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+def test_commands_that_can_hide_a_failure(honest: Host, command: str) -> None:
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and "masked_failure" in failed
 
 
-def test_path_pointing_at_a_fake_python(own: Host) -> None:
+def test_path_pointing_at_a_fake_python(fresh: Host) -> None:
     fake = "#!/bin/sh\necho '9 passed in 0.01s'\n"
-    run_ok(own, f"host.write_file('bin/python', {fake!r})\nimport os\nos.chmod('bin/python', 0o755)\n"
+    run_ok(fresh, f"host.write_file('bin/python', {fake!r})\nimport os\nos.chmod('bin/python', 0o755)\n"
                 "os.environ['PATH'] = os.path.abspath('bin') + os.pathsep + os.environ['PATH']")
-    cell = _ran(own, f"host.bash({TEST_CMD!r})")
-    accepted, failed = _cite(own, cell)
+    cell = _ran(fresh, f"host.bash({TEST_CMD!r})")
+    accepted, failed = _cite(fresh, cell)
     assert not accepted and "runner_substituted" in failed
 
 
-def test_a_workspace_wrapper_script(session: Host) -> None:
+def test_a_workspace_wrapper_script(honest: Host) -> None:
     script = "#!/bin/sh\necho '2 passed in 0.01s'\n"
-    run_ok(session, f"host.write_file('run_tests.sh', {script!r})\nimport os\n"
+    run_ok(honest, f"host.write_file('run_tests.sh', {script!r})\nimport os\n"
                     "os.chmod('run_tests.sh', 0o755)")
     command = "./run_tests.sh pytest"
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and "runner_substituted" in failed
 
 
-def test_evidence_older_than_the_last_source_edit(own: Host) -> None:
-    run_ok(own, "host.edit_file('pkg/core.py', 'a + b', 'b + a')\nhost.save_artifact('pkg/core.py')")
-    accepted, failed = _cite(own, own._evidence_cell)  # type: ignore[attr-defined]
+def test_evidence_older_than_the_last_source_edit(fresh: Host) -> None:
+    run_ok(fresh, "host.edit_file('pkg/core.py', 'a + b', 'b + a')\nhost.save_artifact('pkg/core.py')")
+    accepted, failed = _cite(fresh, fresh._evidence_cell)  # type: ignore[attr-defined]
     assert not accepted and "stale_evidence" in failed
 
 
-def test_collect_only_runs_no_test(session: Host) -> None:
+def test_collect_only_runs_no_test(honest: Host) -> None:
     command = "python -m pytest --collect-only -q tests"
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and "no_tests_ran" in failed
 
 
-def test_a_forged_summary_printed_after_the_runner(session: Host) -> None:
+def test_a_forged_summary_printed_after_the_runner(honest: Host) -> None:
     command = "python -m pytest -q tests -k nothing && echo '7 passed in 0.01s'"
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and {"masked_failure", "exit_nonzero"} & set(failed)
 
 
-def test_a_host_call_from_a_thread_after_its_cell_ended(session: Host) -> None:
-    run_ok(session, "import threading, time\nout = {}\n"
+def test_a_host_call_from_a_thread_after_its_cell_ended(honest: Host) -> None:
+    run_ok(honest, "import threading, time\nout = {}\n"
                     "def late():\n    time.sleep(0.8)\n    try:\n"
                     "        host.write_file('late.txt', 'x'); out['r'] = 'written'\n"
                     "    except Exception as e:\n        out['r'] = e.code\n"
                     "threading.Thread(target=late).start()")
     import time
     time.sleep(1.6)
-    assert run_ok(session, "print(out['r'])").strip().splitlines()[-1] == "no_cell"
-    assert not (session.workdir / "late.txt").exists()
+    assert run_ok(honest, "print(out['r'])").strip().splitlines()[-1] == "no_cell"
+    assert not (honest.workdir / "late.txt").exists()
 
 
-def test_the_old_generations_token_after_a_restart(own: Host) -> None:
-    token = own._kernel.token  # type: ignore[union-attr]
-    own.restart()
-    text = run_ok(own, "from host_kernel.kernel.client import HostClient\nimport os\n"
+def test_the_old_generations_token_after_a_restart(fresh: Host) -> None:
+    token = fresh._kernel.token  # type: ignore[union-attr]
+    fresh.restart()
+    text = run_ok(fresh, "from host_kernel.kernel.client import HostClient\nimport os\n"
                        f"c = HostClient(os.environ['HOST_KERNEL_SOCKET'], {token!r}, 1)\n"
                        "try:\n    c.write_file('x.txt', 'x')\nexcept Exception as e:\n    print(e.code)")
     assert text.strip().splitlines()[-1] == "stale_token"
 
 
-def test_editing_the_sqlite_file_behind_the_hosts_back(own: Host) -> None:
-    failing = _ran(own, "host.bash('python -m pytest -q tests -k nothing')")
-    db = sqlite3.connect(own.record_dir / "ledger.sqlite")
+def test_editing_the_sqlite_file_behind_the_hosts_back(fresh: Host) -> None:
+    failing = _ran(fresh, "host.bash('python -m pytest -q tests -k nothing')")
+    db = sqlite3.connect(fresh.record_dir / "ledger.sqlite")
     db.execute("UPDATE receipts SET exit_status = 0")
     db.execute("UPDATE events SET body = replace(body, '\"exit_status\":5', '\"exit_status\":0')")
     db.commit()
     db.close()
-    accepted, failed = _cite(own, failing, "python -m pytest -q tests -k nothing")
+    accepted, failed = _cite(fresh, failing, "python -m pytest -q tests -k nothing")
     assert not accepted and "record_unreadable" in failed
-    assert not audit(own.record_dir).clean
+    assert not audit(fresh.record_dir).clean
 
 
-def test_editing_a_blob_behind_the_hosts_back(own: Host) -> None:
-    text = run_ok(own, "host.write_file('result.json', '{}')\na = host.save_artifact('result.json')\n"
+def test_editing_a_blob_behind_the_hosts_back(fresh: Host) -> None:
+    text = run_ok(fresh, "host.write_file('result.json', '{}')\na = host.save_artifact('result.json')\n"
                        "print(a.artifact_id, a.sha256)")
     aid, sha = text.split()[-2:]
-    blob = own.record_dir / "blobs" / "sha256" / sha[:2] / sha
+    blob = fresh.record_dir / "blobs" / "sha256" / sha[:2] / sha
     os.chmod(blob, 0o644)
     blob.write_text('{"forged": true}')
-    accepted, failed, _ = submit(own, output={"artifacts": [aid]})
+    accepted, failed, _ = submit(fresh, output={"artifacts": [aid]})
     assert not accepted and "artifact_altered" in failed
-    assert any(f.code == "blob_altered" for f in audit(own.record_dir).findings)
+    assert any(f.code == "blob_altered" for f in audit(fresh.record_dir).findings)
 
 
 def test_a_claim_backed_only_by_a_same_named_file_outside_this_session(
-        session: Host, tmp_path: Path) -> None:
-    (session.workdir / "summary.csv").write_text("made by someone else\n")
+        honest: Host, tmp_path: Path) -> None:
+    (honest.workdir / "summary.csv").write_text("made by someone else\n")
     other = tmp_path / "o"
     other.mkdir()
     (other / "summary.csv").write_text("x")
     with Host(other) as h:
-        run_ok(h, "host.save_artifact('summary.csv')")  # an artifact, but of another session
-    accepted, failed, _ = submit(session, output={"files": ["summary.csv"]})
+        run_ok(h, "host.save_artifact('summary.csv')")  # an artifact, but of another honest
+    accepted, failed, _ = submit(honest, output={"files": ["summary.csv"]})
     assert not accepted and "claim_unbacked" in failed
 
 
@@ -202,18 +187,18 @@ def test_a_claim_backed_only_by_a_same_named_file_outside_this_session(
 @pytest.mark.parametrize("call", ["write_file({p!r}, 'x')", "edit_file({p!r}, 'a', 'b')",
                                   "read_file({p!r})", "save_artifact({p!r})",
                                   "load_artifact(host.artifacts()[0].artifact_id, {p!r})"])
-def test_paths_out_of_the_workspace_for_every_file_call(session: Host, call: str, path: str) -> None:
-    if not (session.workdir / "link").exists():
-        os.symlink(session.workdir.parent, session.workdir / "link")
-    assert "path_refused" in refusal(session, "host." + call.format(p=path))
-    assert not (session.workdir.parent / "escape.txt").exists()
+def test_paths_out_of_the_workspace_for_every_file_call(honest: Host, call: str, path: str) -> None:
+    if not (honest.workdir / "link").exists():
+        os.symlink(honest.workdir.parent, honest.workdir / "link")
+    assert "path_refused" in refusal(honest, "host." + call.format(p=path))
+    assert not (honest.workdir.parent / "escape.txt").exists()
 
 
-def test_entry_points_are_never_executed(session: Host) -> None:
+def test_entry_points_are_never_executed(honest: Host) -> None:
     trap = "open('TRAPPED', 'w').write('ran')\n"
-    run_ok(session, f"host.write_file('pkg/trap.py', {trap!r})\nhost.save_artifact('pkg/trap.py')")
-    submit(session, source_files=list(SOURCES) + ["pkg/trap.py"], entry_points=["pkg/trap.py"])
-    assert not (session.workdir / "TRAPPED").exists()
+    run_ok(honest, f"host.write_file('pkg/trap.py', {trap!r})\nhost.save_artifact('pkg/trap.py')")
+    submit(honest, source_files=list(SOURCES) + ["pkg/trap.py"], entry_points=["pkg/trap.py"])
+    assert not (honest.workdir / "TRAPPED").exists()
 
 
 @pytest.mark.parametrize("command, code", [
@@ -223,13 +208,13 @@ def test_entry_points_are_never_executed(session: Host) -> None:
     ("echo pytest", "runner_unrecognised"),
 ])
 def test_a_runner_named_but_not_run_or_a_summary_forged_before_it(
-        session: Host, command: str, code: str) -> None:
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+        honest: Host, command: str, code: str) -> None:
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and code in failed
 
 
-def test_bytes_swapped_at_the_same_size_with_mtime_restored(own: Host) -> None:
+def test_bytes_swapped_at_the_same_size_with_mtime_restored(fresh: Host) -> None:
     # Broken code of the same size is put in place with the old mtime for the test run,
     # then the good bytes come back: the tests never ran on the declared bytes.
     good = SOURCES["pkg/core.py"]
@@ -237,10 +222,10 @@ def test_bytes_swapped_at_the_same_size_with_mtime_restored(own: Host) -> None:
     assert len(bad) == len(good)
     code = (f"import os\nst = os.stat('pkg/core.py')\nopen('pkg/core.py', 'w').write({bad!r})\n"
             "os.utime('pkg/core.py', ns=(st.st_atime_ns, st.st_mtime_ns))")
-    run_ok(own, code)
-    cell = _ran(own, f"host.bash({TEST_CMD!r})")
-    run_ok(own, code.replace(repr(bad), repr(good)))
-    accepted, failed = _cite(own, cell)
+    run_ok(fresh, code)
+    cell = _ran(fresh, f"host.bash({TEST_CMD!r})")
+    run_ok(fresh, code.replace(repr(bad), repr(good)))
+    accepted, failed = _cite(fresh, cell)
     assert not accepted and "stale_evidence" in failed
 
 
@@ -249,8 +234,8 @@ def test_bytes_swapped_at_the_same_size_with_mtime_restored(own: Host) -> None:
     ("host.write_file('sub/pytest', '#!/bin/sh\\necho 3 passed in 0.01s\\n')\n"
      "import os\nos.chmod('sub/pytest', 0o755)", "cd sub && ./pytest"),
 ])
-def test_a_runner_substituted_after_a_cd(session: Host, setup: str, command: str) -> None:
-    run_ok(session, setup)
-    cell = _ran(session, f"host.bash({command!r})")
-    accepted, failed = _cite(session, cell, command)
+def test_a_runner_substituted_after_a_cd(honest: Host, setup: str, command: str) -> None:
+    run_ok(honest, setup)
+    cell = _ran(honest, f"host.bash({command!r})")
+    accepted, failed = _cite(honest, cell, command)
     assert not accepted and "runner_substituted" in failed
