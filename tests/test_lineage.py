@@ -122,3 +122,13 @@ def test_an_llm_may_narrow_the_candidates_but_never_add(workdir: Path) -> None:
     assert lineage["llm"]["dropped"] == ["file:data/b.csv"]
     assert lineage["llm"]["discarded_non_candidates"] == ["file:/etc/passwd"]
     assert "file:data/b.csv" in sent["messages"][0]["content"]  # the candidates were given
+
+
+def test_names_of_a_cell_that_killed_its_kernel_carry_nothing_forward(host: Host) -> None:
+    run_ok(host, "host.write_file('a.txt', 'a')")
+    died = host.execute("t = open('a.txt').read()\nimport os\nos._exit(1)")
+    assert died.status == "kernel_died"
+    run_ok(host, "try:\n    v = t\nexcept NameError:\n    v = 'fresh'\n"
+                 "open('o.txt', 'w').write(v)\nhost.save_artifact('o.txt')")
+    row = host.ledger.query("SELECT lineage FROM artifacts")[0]
+    assert json.loads(row["lineage"])["inputs"] == []

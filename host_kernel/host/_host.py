@@ -331,6 +331,11 @@ class Host:
                 self._running = None
             duration = time.monotonic() - t0
             notice = self._settle_commands(cell_id)
+            lineage_error = None
+            try:  # before any restart below, which forgets every name in memory
+                self.lineage.cell_finished(cell_id, code, run.access, running.io)
+            except Exception as exc:  # lineage is evidence about data, never about acceptance
+                lineage_error = f"{type(exc).__name__}: {exc}"
             if run.status == "kernel_died":
                 old = kernel.generation
                 self._start_generation("kernel_died")
@@ -360,10 +365,8 @@ class Host:
                 body["dropped_chars"] = run.dropped_chars
             if run.access is not None:
                 body["access"] = run.access
-            try:
-                self.lineage.cell_finished(cell_id, code, run.access, running.io)
-            except Exception as exc:  # lineage is evidence about data, never about acceptance
-                body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+            if lineage_error is not None:
+                body["lineage_error"] = lineage_error
             self._append("cell_finished", body)
             text = self._text(cell_id, run.status, outputs, notice, run.dropped_chars)
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),

@@ -259,12 +259,14 @@ def _statements(code: str, read_paths: list[str], writes: list[str]
         segments.append("".join(lines[start - 1:node.end_lineno]))
         literals.append(_call_literals(node))
 
+    named = [i for i, lits in enumerate(literals) if lits]
+
     def owners(path: str) -> list[int]:
-        exact = [i for i, lits in enumerate(literals) if path in lits]
+        exact = [i for i in named if path in literals[i]]
         if exact:
             return exact
-        base = os.path.basename(path)
-        return [i for i, lits in enumerate(literals) if base in lits]
+        base = path.rpartition("/")[2]
+        return [i for i in named if base in literals[i]]
 
     write_owner: dict[str, int] = {}
     for w in writes:
@@ -272,9 +274,17 @@ def _statements(code: str, read_paths: list[str], writes: list[str]
         if not found:
             return None  # a file written through a path we cannot see: feed the cell whole
         write_owner[w] = found[-1]
-    everywhere = {p for p in read_paths if not owners(p)}
-    parts = [(segment, everywhere | {p for p in read_paths if i in owners(p)})
-             for i, segment in enumerate(segments)]
+    reads_of: list[set[str]] = [set() for _ in segments]
+    everywhere: set[str] = set()
+    for p in read_paths:
+        found = owners(p)
+        if not found:
+            everywhere.add(p)
+        for i in found:
+            reads_of[i].add(p)
+    if read_paths and len(everywhere) == len(read_paths) and not writes:
+        return None  # no statement names a read: splitting would change nothing
+    parts = [(segment, everywhere | reads_of[i]) for i, segment in enumerate(segments)]
     return parts, write_owner
 
 

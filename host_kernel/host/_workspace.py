@@ -160,15 +160,16 @@ def stat_key(st: os.stat_result) -> FileStat:
 def cached_sha256(root: Path, rel: str, cache: HashCache,
                   known: FileStat | None = None) -> str | None:
     """sha256 of a workspace file, re-hashed only when its stat key changed."""
+    full = os.path.join(root, rel)  # str paths: this runs once per file a cell read
     if known is None:
         try:
-            known = stat_key(os.stat(root / rel))
+            known = stat_key(os.stat(full))
         except OSError:
             return None
     hit = cache.get(rel)
     if hit is not None and hit[0] == known:
         return hit[1]
-    sha = file_sha256(root / rel)
+    sha = file_sha256(Path(full))
     if sha is not None:
         cache[rel] = (known, sha)
     return sha
