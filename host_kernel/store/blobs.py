@@ -143,11 +143,18 @@ class FileBlobStore:
                         while view:
                             view = view[out.write(view):]
                         size += n
+                    work.put(None)
+                    worker.join()
+                    digest = hasher.hexdigest()
+                    if self.exists(digest):
+                        # Stored already: these bytes are discarded, so need not reach disk.
+                        self._discard(tmp)
+                        return BlobRef(digest, size)
                     self._sync(out)
             finally:
-                work.put(None)
+                work.put(None)  # harmless after the worker ended; ends it on an error
                 worker.join()
-            return self._commit(tmp, hasher.hexdigest(), size)
+            return self._commit(tmp, digest, size)
         except BaseException as exc:
             self._discard(tmp)
             raise self._storage_error(exc) from exc
