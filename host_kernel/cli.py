@@ -187,12 +187,13 @@ EXEC = Command(
 
 
 def _record_dir(value: str) -> Path:
-    path = Path(value)
-    if (path / ".host_kernel" / "ledger.sqlite").is_file():
-        path = path / ".host_kernel"  # a workdir was given: use its default record
-    if not (path / "ledger.sqlite").is_file():
-        raise UsageError(f"{value} is not a record folder (no ledger.sqlite in it)")
-    return path
+    from ._errors import RecordError
+    from .export import record_folder
+
+    try:
+        return record_folder(value)
+    except RecordError as exc:
+        raise UsageError(exc.message) from None
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
