@@ -163,3 +163,14 @@ def test_host_rejects_use_before_start_and_after_close(workdir: Path) -> None:
     with pytest.raises(KernelError):
         h.execute("pass")
     h.close()  # twice is fine
+
+
+def test_a_long_temp_folder_does_not_break_the_kernels_sockets(
+        workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    long_tmp = tmp_path / ("t" * 60) / ("u" * 60)
+    long_tmp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
+    with Host(workdir) as h:
+        assert h.execute("print(host.ping()['generation'])").status == "ok"

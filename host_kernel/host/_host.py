@@ -85,6 +85,19 @@ class _RunningCell:
     io: CellIO = field(default_factory=CellIO)
 
 
+#: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
+#: socket live in the runtime folder, whose own path must leave room for their names.
+MAX_RUNTIME_BASE = 64
+
+
+def _short_tempdir() -> str | None:
+    """The temp folder, unless its path is too long for sockets; then /tmp."""
+    base = tempfile.gettempdir()
+    if len(base) <= MAX_RUNTIME_BASE or not os.access("/tmp", os.W_OK):
+        return None
+    return "/tmp"
+
+
 def _default_record_dir(workdir: Path) -> Path:
     return workdir / ".host_kernel"
 
@@ -179,7 +192,7 @@ class Host:
         self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
         self.blobs = FileBlobStore(self.record_dir)
         self.blobs.sweep()
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-"))
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=_short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
         try:
             self._server = CallServer(socket_path, self._dispatch)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import subprocess
 import sys
 import textwrap
@@ -103,8 +105,11 @@ with Host(workdir) as h:
 
 
 def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-untyped-def]
+    # A Host killed with SIGKILL cannot remove its socket folder: give it one of the test's.
+    runtime = Path(tempfile.mkdtemp(prefix="hkf-", dir="/tmp"))  # IPC paths must stay short
     proc = subprocess.Popen([sys.executable, "-c", HOST_SCRIPT, str(workdir), mode],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(runtime)})
     try:
         info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
         _wait(until, 60, f"the Host to be busy ({mode})")
@@ -117,6 +122,7 @@ def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-un
         proc.stdout.close()  # type: ignore[union-attr]
     # ipykernel polls its parent: the orphaned kernel exits on its own.
     _wait(lambda: _gone(info["kernel"]), 15, "the orphaned kernel to exit")
+    shutil.rmtree(runtime)
     return info  # type: ignore[no-any-return]
 
 
