@@ -237,3 +237,9 @@ def test_a_command_outliving_its_cells_timeout_is_killed_and_still_recorded(host
     assert store.read(rec["stdout_sha256"]) == b"start\n"
     assert list(store.tmp.iterdir()) == []
     assert host.execute("print('usable')").status == "ok"
+
+
+def test_the_launch_baseline_is_the_hosts_not_the_kernels(host: Host) -> None:
+    # A kernel that rewrites its own token in the environment it sends cannot hide the change.
+    obs = host.execute("import os\nos.environ['HOST_KERNEL_TOKEN'] = 'forged'\nhost.bash('true')")
+    assert "HOST_KERNEL_TOKEN" in _receipt(host, obs.cell_id)["env_changed"]

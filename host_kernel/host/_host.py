@@ -298,9 +298,8 @@ class Host:
             self._kernel = None
             self.lineage.new_generation()
         token = mint_token()
-        env = dict(self._launch_env)
-        env["HOST_KERNEL_TOKEN"] = token
-        env["HOST_KERNEL_GENERATION"] = str(generation)
+        env = self._launch_env | {"HOST_KERNEL_TOKEN": token,
+                                  "HOST_KERNEL_GENERATION": str(generation)}
         assert self._runtime_dir is not None
         self._kernel = KernelGeneration(generation, token, self._runtime_dir, self.workdir, env,
                                         self.startup_timeout)
@@ -385,6 +384,13 @@ class Host:
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
+
+    def _generation_env(self, cell: _RunningCell) -> dict[str, str]:
+        """The environment the Host launched this cell's kernel with: the baseline a
+        receipt's "changed" variables are measured against. Built from the Host's own
+        values, never from what the kernel sends."""
+        return self._launch_env | {"HOST_KERNEL_TOKEN": cell.token,
+                                   "HOST_KERNEL_GENERATION": str(cell.generation)}
 
     def _settle_commands(self, cell_id: str) -> str | None:
         """Kill host.bash commands of this cell still running, and wait for their receipts.
@@ -685,10 +691,9 @@ class Host:
             with self._commands_lock:
                 self._commands.setdefault(cell.cell_id, []).append((proc, recorded))
 
-        launch = self._launch_env | {"HOST_KERNEL_TOKEN": env.get("HOST_KERNEL_TOKEN", ""),
-                                     "HOST_KERNEL_GENERATION": str(cell.generation)}
         ctx = CommandContext(cell.cell_id, cell.generation, self.workspace, self.blobs,
-                             launch, self.redactor, KERNEL_SET_ENV, self._hash_cache, started)
+                             self._generation_env(cell), self.redactor, KERNEL_SET_ENV,
+                             self._hash_cache, started)
         try:
             body = self.redactor.deep(run_command(command, cwd, dict(env), timeout, ctx, emit))
             self._append("receipt_recorded", body)
