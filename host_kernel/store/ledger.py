@@ -42,22 +42,6 @@ __all__ = [
 #: The "previous hash" of the first event in a ledger.
 GENESIS = "0" * 64
 
-#: Every event kind the projection understands. Unknown kinds are kept in the
-#: chain and ignored by the projection, so an older Host can read a newer log.
-EVENT_KINDS = (
-    "session_started",
-    "session_ended",
-    "generation_started",
-    "cell_started",
-    "cell_finished",
-    "call_refused",
-    "file_written",
-    "receipt_recorded",
-    "artifact_saved",
-    "artifact_loaded",
-    "submission_verdict",
-)
-
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     seq     INTEGER PRIMARY KEY,
