@@ -8,11 +8,15 @@ nbformat, SQLite) at every kernel start.
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
+# Not typing.TYPE_CHECKING: importing typing costs the sandbox's init process (which
+# imports this package on every kernel start) more than the rest of its start-up.
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from typing import Any
+
     from ._errors import (
         BadArguments,
         CallRefused,

@@ -13,6 +13,14 @@ can act on. The tree::
     ├── SubmissionRefused       submit_output checks failed (carries the Verdict)
     ├── RecordError             the record cannot be read or is inconsistent
     └── KernelError             the kernel could not be started or reached
+        └── ConfinementError    confinement required but unavailable, or impossible as asked
+
+Some refusals share a class and differ by code: ``FileProblem`` with
+``not_regular_file`` (a FIFO, device, socket or directory where a regular file
+must be; refused without reading it), ``PathRefused`` with ``symlink_refused``
+(a symlink where a file, or a folder on the way, must be), and ``StorageError``
+with ``blob_missing``, ``blob_altered``, ``not_regular_file`` or
+``symlink_refused`` (a blob in the store that cannot be used as it is).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from typing import Any
 __all__ = [
     "BadArguments",
     "CallRefused",
+    "ConfinementError",
     "FileProblem",
     "HostCallError",
     "HostKernelError",
@@ -110,6 +119,13 @@ class KernelError(HostKernelError):
     code = "kernel_error"
 
 
+class ConfinementError(KernelError):
+    """Confinement was required and is not available, or the session cannot be confined
+    as asked (a record folder inside the workspace)."""
+
+    code = "confinement_unavailable"
+
+
 _BY_TYPE: dict[str, type[HostKernelError]] = {
     cls.__name__: cls
     for cls in (
@@ -122,6 +138,7 @@ _BY_TYPE: dict[str, type[HostKernelError]] = {
         StorageError,
         RecordError,
         KernelError,
+        ConfinementError,
     )
 }
 

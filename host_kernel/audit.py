@@ -1,29 +1,47 @@
 """Offline audit: re-check a record folder from its own contents, without a kernel.
 
 Owns the reviewer's question "is this record still what the Host wrote, and
-does every accepted submission still stand?". It checks, in order: the hash
-chain of the events; every blob's sha256; every receipt's stored stdout and
-stderr digests; every artifact's blob; every lineage input's recorded hash
-against the workspace file now (drift: reported, fatal only when strict); and
-every accepted submission, re-verified from the record alone (the source hashes
-the verdict saw, the receipts and artifacts before it). It never changes the
-record.
+does every accepted submission still stand?". It checks, in order: that the
+ledger file is a whole SQLite database holding events; the hash chain of the
+events; every event's MAC under the record key (when ``record.key`` can be
+read); the chain's head against one the caller kept (``expect_head``); the
+projection tables on disk against the projection rebuilt from the events;
+every blob's sha256; every receipt's stored stdout and stderr digests; every
+artifact's blob; every lineage input's recorded hash against the workspace
+file now (drift: reported, fatal only when strict); and every accepted
+submission, re-verified from the record alone (the source hashes the verdict
+saw, the receipts and artifacts before it).
+
+It never writes: the ledger is opened with
+:meth:`~host_kernel.store.ledger.SQLiteLedger.open_readonly` and the blob
+store is only read. An empty or truncated ledger is a failure, never a clean
+record. Every finding code is listed in docs/record.md.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._errors import RecordError
+from ._paths import LEDGER_NAME
 from .host._workspace import file_sha256
 from .modes import TaskMode
 from .store.blobs import FileBlobStore
-from .store.ledger import SQLiteLedger, check_chain, rebuild
+from .store.ledger import (
+    KEY_NAME,
+    RecordRefused,
+    SQLiteLedger,
+    check_chain,
+    check_macs,
+    load_record_key,
+    rebuild,
+)
+from .store.verified import event_count, projection_drift
 from .verify import RecordedFiles, RecordView, Submission, verify
 
 __all__ = ["AuditReport", "Finding", "audit"]
@@ -31,7 +49,7 @@ __all__ = ["AuditReport", "Finding", "audit"]
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One thing audit found wrong (``fatal``) or worth saying (drift, not fatal)."""
+    """One thing audit found wrong (``fatal``) or worth saying (drift, notes: not fatal)."""
 
     code: str
     where: str
@@ -52,6 +70,8 @@ class AuditReport:
     artifacts: int = 0
     lineage_inputs: int = 0
     submissions: int = 0
+    #: The hash of the record's last event (its chain head); None when it has no events.
+    head: str | None = None
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -79,45 +99,146 @@ def _no_progress(stage: str, done: int, total: int) -> None:
     pass
 
 
-def audit(record_dir: str | Path, *, strict: bool = False,
+def audit(record_dir: str | Path, *, strict: bool = False, expect_head: str | None = None,
           progress: Progress = _no_progress) -> AuditReport:
-    """Audit the record folder; ``strict`` makes lineage drift fatal."""
+    """Audit the record folder; ``strict`` makes lineage drift fatal.
+
+    ``expect_head``: the hash of the last event as it was kept elsewhere (printed
+    by ``host-kernel exec``, returned by the Host); a record whose last event
+    differs fails with ``head_mismatch``.
+    """
     root = Path(record_dir)
     report = AuditReport(str(root))
-    db = root / "ledger.sqlite"
+    db = root / LEDGER_NAME
     if not db.is_file():
-        report.findings.append(Finding("record_missing", str(root), "no ledger.sqlite here"))
+        report.findings.append(Finding("record_missing", str(root), f"no {LEDGER_NAME} here"))
         return report
     try:
-        ledger = SQLiteLedger(db)
+        ledger = SQLiteLedger.open_readonly(db)
     except RecordError as exc:
-        report.findings.append(Finding("record_unreadable", str(db), str(exc)))
+        report.findings.append(_unreadable(exc, db))
         return report
     try:
-        _audit(ledger, FileBlobStore(root, durable=False), report, strict, progress)
+        _audit(ledger, root, report, strict, expect_head, progress)
     except RecordError as exc:
-        report.findings.append(Finding("record_unreadable", str(db), str(exc)))
+        report.findings.append(_unreadable(exc, db))
     finally:
         ledger.close()
     return report
 
 
-def _audit(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport, strict: bool,
-           progress: Progress) -> None:
-    report.events = ledger.query("SELECT count(*) FROM events")[0][0]
+#: RecordRefused codes that audit reports under their own name.
+_OWN_CODES = frozenset({"record_missing", "ledger_empty", "ledger_truncated"})
+
+
+def _unreadable(exc: RecordError, db: Path) -> Finding:
+    code = exc.code if isinstance(exc, RecordRefused) and exc.code in _OWN_CODES \
+        else "record_unreadable"
+    return Finding(code, str(db), exc.message)
+
+
+def _audit(ledger: SQLiteLedger, root: Path, report: AuditReport, strict: bool,
+           expect_head: str | None, progress: Progress) -> None:
+    db = str(root / LEDGER_NAME)
+    if ledger.wal_skipped:
+        report.findings.append(Finding(
+            "wal_unread", db, "its write-ahead log could not be read (no -shm file next to it, "
+                              "or no permission); events committed only to the log were not "
+                              "audited", fatal=False))
+    damage = [r[0] for r in ledger.query("PRAGMA quick_check")]
+    if damage != ["ok"]:
+        report.findings.append(Finding("ledger_truncated", db, "SQLite finds the file damaged: "
+                                       + "; ".join(map(str, damage[:3]))))
+        return
+    report.events = event_count(ledger)
+    if report.events == 0:
+        what = "no events" if ledger.has_table("events") else "no events table"
+        report.findings.append(Finding("ledger_empty", db, f"the ledger holds {what}; an empty "
+                                                           f"record is no evidence of anything"))
+        return
     progress("chain", 0, report.events)
     for problem in check_chain(ledger):
         report.findings.append(Finding("chain_broken", f"event {problem.seq}", problem.problem))
     progress("chain", report.events, report.events)
+    _check_macs(ledger, root, report)
+    _check_head(ledger, report, expect_head)
     # Everything below reads projections rebuilt from the events, never the tables on disk.
     trusted = rebuild(ledger)
     try:
+        for drift in projection_drift(ledger, trusted):
+            report.findings.append(Finding("projection_drift", f"{drift.table} {drift.key}",
+                                           drift.problem))
+        blobs = _blob_store(root)
         _check_blobs(trusted, blobs, report, progress)
         _check_receipts(trusted, blobs, report)
         _check_lineage(trusted, blobs, report, strict)
         _check_submissions(trusted, blobs, report)
     finally:
         trusted.close()
+
+
+def _check_macs(ledger: SQLiteLedger, root: Path, report: AuditReport) -> None:
+    try:
+        key = load_record_key(root)
+    except RecordRefused as exc:
+        report.findings.append(Finding("macs_unchecked", str(root / KEY_NAME),
+                                       f"{exc.message}; the events' MACs were not checked, "
+                                       f"only their chain", fatal=False))
+        return
+    for problem in check_macs(ledger, key):
+        report.findings.append(Finding("event_unauthenticated", f"event {problem.seq}",
+                                       problem.problem))
+    if ledger.has_table("events") and any(r[0] == "mac" for r in ledger.query(
+            "SELECT name FROM pragma_table_info('events')")):
+        legacy = ledger.query("SELECT count(*) FROM events WHERE mac IS NULL")[0][0]
+    else:
+        legacy = report.events
+    if legacy:
+        report.findings.append(Finding("events_without_mac", str(root / LEDGER_NAME),
+                                       f"{legacy} events were written before the ledger had "
+                                       f"MACs; they are checked by the chain only", fatal=False))
+
+
+def _check_head(ledger: SQLiteLedger, report: AuditReport, expect_head: str | None) -> None:
+    head = ledger.head()
+    report.head = None if head is None else head.hash
+    if expect_head is None or head is None:
+        return
+    expected = expect_head.strip().lower()
+    if head.hash == expected:
+        return
+    rows = ledger.query("SELECT seq FROM events WHERE hash = ? ORDER BY seq LIMIT 1",
+                        (expected,))
+    if rows:
+        seq = rows[0][0]
+        why = (f"the expected head is event {seq}; {head.seq - seq} events follow it"
+               if seq < head.seq else f"the expected head is event {seq}")
+    else:
+        why = "no event has the expected hash (the record was rewritten, or it is another one)"
+    report.findings.append(Finding("head_mismatch", f"event {head.seq}",
+                                   f"the record ends at {head.hash[:16]}…, not "
+                                   f"{expected[:16]}…: {why}"))
+
+
+class _AbsentBlobs(FileBlobStore):
+    """A record folder with no blob store yet: read as empty, and nothing created."""
+
+    def __init__(self, root: Path) -> None:  # no super(): it would create the folders
+        self.root = root
+        self.blobs = root / "blobs" / "sha256"
+        self.tmp = root / "tmp"
+        self.durable = False
+
+    def __iter__(self) -> Iterator[str]:
+        if self.blobs.is_dir():
+            yield from super().__iter__()
+
+
+def _blob_store(root: Path) -> FileBlobStore:
+    """The record's blob store, opened without creating its folders (audit never writes)."""
+    if (root / "blobs" / "sha256").is_dir() and (root / "tmp").is_dir():
+        return FileBlobStore(root, durable=False)
+    return _AbsentBlobs(root)
 
 
 def _check_blobs(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport,

@@ -12,7 +12,14 @@ usage problem (a missing file, a bad flag value) by raising :class:`UsageError`,
 which :func:`main` turns into a message on stderr and exit code 2.
 
 Exit codes, for every command: 0 success, 1 the work ran and something failed,
-2 usage error, 130 interrupted (Ctrl-C).
+2 usage error, 130 interrupted (Ctrl-C). A record that cannot be found or that
+fails its checks (a :class:`~host_kernel.RecordError`) is exit 1 with one line
+on stderr, ``error: [CODE] message``, never a traceback.
+
+Commands that read a record find it with :func:`resolve_record`: ``--record``
+(a record folder or a workspace) when given, else the workspace's record (see
+:mod:`host_kernel._paths`); they read it only through
+:func:`~host_kernel.store.verified.open_verified` or, for ``audit``, read-only.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+from ._paths import LEDGER_NAME
 from ._version import __version__
 
-__all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main", "resolve_record"]
 
 PROG = "host-kernel"
 
@@ -68,8 +76,9 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the workspace the kernel runs in and host.write_file writes to "
                              "(default: the notebook's folder)")
     parser.add_argument("--record", metavar="DIR", default=None,
-                        help="the record folder: ledger and artifact store "
-                             "(default: WORKDIR/.host_kernel)")
+                        help="the record folder: ledger and artifact store (default: the "
+                             "workspace's record folder, outside it, under "
+                             "$XDG_STATE_HOME/host_kernel/records/)")
     parser.add_argument("--timeout", metavar="S", type=float, default=None,
                         help="seconds each cell may run before the Host interrupts it "
                              "(default: no limit)")
@@ -106,6 +115,11 @@ def _exec_options(args: argparse.Namespace) -> tuple[Path, Path, Path | None, st
     if not workdir.is_dir():
         raise UsageError(f"--workdir {workdir} is not a directory")
     record = Path(args.record) if args.record else None
+    if record is not None and record.exists() and not record.is_dir():
+        from .store.ledger import RecordRefused
+
+        raise RecordRefused(f"--record {record} is a file, not a record folder",
+                            code="record_missing")
     mode: str | None = None
     if args.mode is not None:
         try:
@@ -167,7 +181,31 @@ def _exec_run(args: argparse.Namespace) -> int:
     stopped = f", stopped at cell {stopped_at}" if stopped_at is not None else ""
     _print(f"=== {_plural(ran, 'cell')} run, {_plural(errors, 'error')}{detail}{stopped}, "
            f"{time.monotonic() - t0:.1f} s; record: {host.record_dir}")
+    head = _final_head(host)
+    if head is not None:
+        _print(f"head: {head}")
     return EXIT_FAILED if errors else EXIT_OK
+
+
+def _final_head(host: Any) -> str | None:
+    """The chain head the Host left: its own ``head`` when it has one, else the last event
+    its ledger wrote or checked, else the record's last event read back (which, with
+    several Hosts on one record, may be another's)."""
+    head = getattr(host, "head", None)
+    if isinstance(head, str):
+        return head
+    from ._errors import RecordError
+    from .store.ledger import SQLiteLedger
+
+    ledger = getattr(host, "ledger", None)
+    if isinstance(ledger, SQLiteLedger) and ledger.known_head is not None:
+        return ledger.known_head.hash
+    try:
+        with SQLiteLedger.open_readonly(Path(host.record_dir) / LEDGER_NAME) as ledger:
+            last = ledger.head()
+    except RecordError:
+        return None
+    return None if last is None else last.hash
 
 
 EXEC = Command(
@@ -178,7 +216,10 @@ EXEC = Command(
         "notebook through Host.execute in order, print each Observation's text under a "
         "header line, and end with a summary line. Markdown and raw cells are skipped. "
         "Exit 0 when no cell failed, 1 when one did (status error, timeout or "
-        "kernel_died) or the Host could not start, 2 for usage errors."),
+        "kernel_died) or the Host could not start, 2 for usage errors. The last line, "
+        "`head: HASH`, is the hash of the record's last event: keep it, and "
+        "`host-kernel audit --expect-head HASH` proves later that nothing was appended, "
+        "removed or rewritten since."),
     add_arguments=_exec_arguments,
     run=_exec_run,
 )
@@ -186,21 +227,37 @@ EXEC = Command(
 # ---------------------------------------------------------------------- audit
 
 
-def _record_dir(value: str) -> Path:
-    from ._errors import RecordError
-    from .export import record_folder
+def resolve_record(record: str | None, workdir: str | None = None) -> Path:
+    """The record folder a reading command works on.
 
-    try:
-        return record_folder(value)
-    except RecordError as exc:
-        raise UsageError(exc.message) from None
+    ``record`` (a record folder, or a workspace) when given; else the record of
+    ``workdir`` (default: the current directory), found with
+    :func:`host_kernel._paths.find_record`. Raises RecordRefused
+    (``record_missing``) when there is none: :func:`main` prints it as
+    ``error: …`` and exits 1.
+    """
+    from .store.verified import record_folder
+
+    return record_folder(record if record is not None else (workdir or Path.cwd()))
+
+
+def _expect_head(value: str) -> str:
+    text = value.strip().lower()
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        raise argparse.ArgumentTypeError("expected the 64 hex digits of an event hash")
+    return text
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", help="the record folder (or a workdir holding .host_kernel)")
+    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
+                        help="a record folder, or a workspace whose record is found (default: "
+                             "the current directory's record)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--strict", action="store_true",
                         help="treat lineage drift (an input file changed since) as a failure")
+    parser.add_argument("--expect-head", metavar="HASH", type=_expect_head, default=None,
+                        help="fail (head_mismatch) unless the record's last event has this hash, "
+                             "as printed by `host-kernel exec` or returned by the Host")
 
 
 def _audit_run(args: argparse.Namespace) -> int:
@@ -208,20 +265,30 @@ def _audit_run(args: argparse.Namespace) -> int:
 
     from .audit import audit, print_progress
 
-    report = audit(_record_dir(args.record), strict=args.strict,
+    report = audit(resolve_record(args.record), strict=args.strict,
+                   expect_head=args.expect_head,
                    progress=print_progress if not args.json else lambda *a: None)
     if args.json:
         _print(json.dumps(report.to_dict(), indent=2))
     else:
         for finding in report.findings:
             _print(str(finding))
+        if report.head is not None:
+            _print(f"head: {report.head}")
         _print(report.summary())
     return EXIT_OK if report.clean else EXIT_FAILED
 
 
 AUDIT = Command(
     name="audit",
-    help="re-check a record offline: chain, blobs, receipts, lineage drift, submissions",
+    help="re-check a record offline: chain, MACs, projections, blobs, receipts, lineage drift, "
+         "submissions",
+    description=(
+        "Re-check a record read-only, without a kernel: the ledger file, the hash chain, each "
+        "event's MAC (when record.key can be read), the stored projection against the events, "
+        "every blob, every receipt's output digests, lineage drift, and every accepted "
+        "submission re-verified. One line per finding, the chain head, and a summary. Exit 0 "
+        "when clean, 1 when a failure was found or there is no record."),
     add_arguments=_audit_arguments,
     run=_audit_run,
 )
@@ -230,9 +297,18 @@ AUDIT = Command(
 # ---------------------------------------------------------------------- lineage, receipt
 
 
+def _record_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        help="the record folder, or a workspace (default: the record of "
+                             "--workdir)")
+    parser.add_argument("--workdir", metavar="DIR", default=None,
+                        help="the workspace whose record is read when --record is not given "
+                             "(default: the current directory)")
+
+
 def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact_id", help="the artifact's UUID")
-    parser.add_argument("--record", required=True, help="the record folder")
+    _record_arguments(parser)
     parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json"),
                         default="text", help="output format (default: text)")
 
@@ -241,14 +317,13 @@ def _lineage_run(args: argparse.Namespace) -> int:
     import json
 
     from ._errors import FileProblem
-    from .lineage.graph import build_lineage
-    from .store.ledger import SQLiteLedger
+    from .lineage.graph import record_lineage
 
-    with SQLiteLedger(_record_dir(args.record) / "ledger.sqlite") as ledger:
-        try:
-            graph = build_lineage(ledger, args.artifact_id)
-        except FileProblem as exc:
-            raise UsageError(exc.message) from None
+    record = resolve_record(args.record, args.workdir)
+    try:
+        graph = record_lineage(record, args.artifact_id)
+    except FileProblem as exc:
+        raise UsageError(exc.message) from None
     renderers: dict[str, Callable[[], str]] = {
         "text": graph.to_text, "mermaid": graph.to_mermaid, "dot": graph.to_dot,
         "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
@@ -267,21 +342,20 @@ LINEAGE = Command(
 
 def _receipt_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("receipt_id", help="the receipt's UUID")
-    parser.add_argument("--record", required=True, help="the record folder")
+    _record_arguments(parser)
 
 
 def _receipt_run(args: argparse.Namespace) -> int:
     import json
 
     from ._errors import FileProblem
-    from .lineage.graph import receipt_statement
-    from .store.ledger import SQLiteLedger
+    from .lineage.graph import record_receipt_statement
 
-    with SQLiteLedger(_record_dir(args.record) / "ledger.sqlite") as ledger:
-        try:
-            statement = receipt_statement(ledger, args.receipt_id)
-        except FileProblem as exc:
-            raise UsageError(exc.message) from None
+    record = resolve_record(args.record, args.workdir)
+    try:
+        statement = record_receipt_statement(record, args.receipt_id)
+    except FileProblem as exc:
+        raise UsageError(exc.message) from None
     _print(json.dumps(statement, indent=2))
     return EXIT_OK
 
@@ -350,11 +424,16 @@ def main(argv: list[str] | None = None) -> int:
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:  # cell output may hold characters the terminal cannot show
         reconfigure(errors="backslashreplace")
+    from ._errors import RecordError
+
     try:
         return run(args)
     except UsageError as exc:
         _print(f"{PROG} {args.command}: error: {exc}", sys.stderr)
         return EXIT_USAGE
+    except RecordError as exc:  # no record, or one that fails its checks: refuse, no traceback
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         _print(f"{PROG} {args.command}: interrupted", sys.stderr)
         return EXIT_INTERRUPTED

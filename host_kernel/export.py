@@ -6,9 +6,11 @@ the Host-minted cell id, with its source, its recorded outputs and execution
 count; cell metadata under ``host_kernel`` with the generation, status,
 receipts, artifacts (with their lineage inputs) and the frontend's own cell id;
 notebook metadata under ``host_kernel`` with the session, its mode and every
-submission verdict. It reads a projection rebuilt from the hash-chained events
-(:func:`~host_kernel.store.ledger.rebuild`), never the projection tables on
-disk, and refuses a record whose chain is broken. It never writes the record.
+submission verdict. It reads the record through
+:func:`~host_kernel.store.verified.open_verified`: a projection rebuilt from the
+checked, hash-chained events, never the projection tables on disk, and it
+refuses a record whose chain is broken or whose stored projection disagrees
+with its events. It never writes the record.
 
 Outputs are kept as recorded, cleaned only where nbformat's schema would
 reject them (keys it does not allow, non-text values under a text media type),
@@ -26,7 +28,8 @@ from typing import Any, cast
 import nbformat
 
 from ._errors import RecordError
-from .store.ledger import SQLiteLedger, check_chain, rebuild
+from .store.ledger import SQLiteLedger
+from .store.verified import open_verified, record_folder
 
 __all__ = ["KERNELSPEC", "export_notebook", "record_folder"]
 
@@ -51,32 +54,18 @@ _OUTPUT_KEYS = {
 }
 
 
-def record_folder(path: str | Path) -> Path:
-    """The record folder ``path`` names: the folder itself, or a workdir holding ``.host_kernel``.
-
-    Raises RecordError when there is no ledger there.
-    """
-    root = Path(path)
-    if (root / ".host_kernel" / "ledger.sqlite").is_file():
-        root = root / ".host_kernel"
-    if not (root / "ledger.sqlite").is_file():
-        raise RecordError(f"{path} is not a record folder (no ledger.sqlite in it)")
-    return root
-
-
 def export_notebook(record_dir: str | Path, session: str | None = None) -> Any:
     """The session (default: the latest started in the record) as an nbformat 4.5 notebook.
 
-    Raises RecordError when the record cannot be read, its hash chain is broken,
-    or it holds no such session.
+    ``record_dir`` is a record folder or a workspace
+    (:func:`~host_kernel.store.verified.record_folder`).
+    Raises RecordError when the record cannot be read or holds no such session,
+    and RecordRefused (with its ``code``) when it fails
+    :func:`~host_kernel.store.verified.open_verified`: a broken chain
+    (``chain_broken``), projection tables that disagree with the events
+    (``projection_drift``), an empty or truncated ledger.
     """
-    root = record_folder(record_dir)
-    with SQLiteLedger(root / "ledger.sqlite") as ledger:
-        problems = check_chain(ledger)
-        if problems:
-            raise RecordError(f"the record's hash chain is broken ({problems[0]}); "
-                              f"run `host-kernel audit {root}` before trusting an export")
-        trusted = rebuild(ledger)
+    trusted = open_verified(record_folder(record_dir))
     try:
         return _notebook(trusted, session)
     finally:

@@ -44,10 +44,17 @@ def no_stray_kernels() -> Iterator[None]:
     own_tmp = tempfile.mkdtemp(prefix="hkt-")
     saved = tempfile.tempdir
     tempfile.tempdir = own_tmp
+    # Records live under $XDG_STATE_HOME by default: keep the suite's out of the real one.
+    saved_state = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = os.path.join(own_tmp, "state")
     try:
         yield
     finally:
         tempfile.tempdir = saved
+        if saved_state is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = saved_state
     leftover = _children(os.getpid()) - before
     runtime_after = list(Path(own_tmp).glob("hk-*"))
     shutil.rmtree(own_tmp, ignore_errors=True)

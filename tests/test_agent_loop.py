@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from scripted_llm import RecordedRequest, ScriptedLLMServer, chat_reply, content_chunks
 
+from host_kernel._paths import default_record_dir
 from host_kernel.agent.events import EVENTS_FILE, read_records
 from host_kernel.agent.layers import system_prefix
 from host_kernel.agent.loop import AgentResult, Outcome, Prices, run_agent
@@ -397,7 +398,7 @@ def test_ctrl_c_interrupts_the_running_cell_records_it_and_exits_130(workdir: Pa
     reply = text(fence("import time\nprint('sleeping', flush=True)\ntime.sleep(60)"))
     env = {k: v for k, v in os.environ.items() if k not in PROXIES}
     env["TMPDIR"] = tempfile.gettempdir()  # the suite checks its own folder for leftovers
-    events = workdir / ".host_kernel" / EVENTS_FILE
+    events = default_record_dir(workdir) / EVENTS_FILE
     with ScriptedLLMServer([reply]) as server:
         proc = subprocess.Popen(
             [sys.executable, "-m", "host_kernel", "run", "sleep a while", "--workdir",

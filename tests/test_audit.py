@@ -17,6 +17,14 @@ from _helpers import run_ok
 from _pipeline import build_package, submit
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Default record folders go under this test's own state folder, not ~/.local/state."""
+    home = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def record(workdir: Path) -> Path:
     with Host(workdir, mode="reusable_pipeline") as h:
@@ -36,6 +44,38 @@ def test_a_clean_record_passes(record: Path) -> None:
     assert report.clean, [str(f) for f in report.findings]
     assert report.submissions == 1 and report.receipts == 1 and report.artifacts == 5
     assert report.events > 20
+    assert not report.findings  # no warning either: every event carries a MAC under the key
+
+
+def test_the_record_lives_outside_the_workspace_by_default(record: Path, workdir: Path,
+                                                           state_home: Path) -> None:
+    assert state_home in record.parents and workdir not in record.parents
+    assert (record / "record.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_audit_leaves_the_record_folder_byte_for_byte_as_it_was(record: Path) -> None:
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p.relative_to(record)): (p.stat().st_size, p.stat().st_mtime_ns)
+                for p in record.rglob("*")}
+
+    before = snapshot()
+    ledger = (record / "ledger.sqlite").read_bytes()
+    assert audit(record).clean
+    assert snapshot() == before
+    assert (record / "ledger.sqlite").read_bytes() == ledger
+
+
+def test_a_receipt_edited_in_the_stored_projection_is_drift(record: Path) -> None:
+    db = sqlite3.connect(record / "ledger.sqlite")
+    receipt_id = db.execute("SELECT receipt_id FROM receipts").fetchone()[0]
+    db.execute("UPDATE receipts SET exit_status = 7")
+    db.commit()
+    db.close()
+    report = audit(record)
+    assert _codes(report) == ["projection_drift"]
+    [drift] = report.findings
+    assert drift.where == f"receipts {receipt_id}" and "exit_status" in drift.message
+    assert "7" not in drift.message  # names what drifted, never shows the drifted value
 
 
 def test_an_edited_event_is_reported_with_its_seq(record: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_cell
 
 from host_kernel import __version__
+from host_kernel._paths import default_record_dir
 from host_kernel.cli import COMMANDS
+from host_kernel.store.ledger import SQLiteLedger
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
@@ -29,8 +33,31 @@ def write_notebook(path: Path, *cells: nbformat.NotebookNode) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Default record folders go under a state folder of the test's own (the CLI subprocesses
+    inherit it), outside the workspace, never ~/.local/state."""
+    home = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
+
+
 def summary_line(stdout: str) -> str:
-    return stdout.rstrip("\n").splitlines()[-1]
+    """The ``=== …`` line exec ends with (only the ``head:`` line follows it)."""
+    return next(line for line in reversed(stdout.splitlines()) if line.startswith("=== "))
+
+
+def head_line(stdout: str) -> str:
+    last = stdout.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(r"head: [0-9a-f]{64}", last), last
+    return last.removeprefix("head: ")
+
+
+def last_hash(record: Path) -> str:
+    with SQLiteLedger.open_readonly(record / "ledger.sqlite") as ledger:
+        head = ledger.head()
+    assert head is not None
+    return head.hash
 
 
 def test_exec_runs_code_cells_and_ends_with_a_summary(tmp_path: Path) -> None:
@@ -50,10 +77,12 @@ def test_exec_runs_code_cells_and_ends_with_a_summary(tmp_path: Path) -> None:
     assert len(headers) == 2
     assert headers[0].startswith("--- cell 2 (1/2 code): ok, generation 1")
     assert headers[1].startswith("--- cell 4 (2/2 code): ok, generation 1")
-    record = tmp_path / ".host_kernel"
+    record = default_record_dir(tmp_path)  # outside the workspace, under XDG_STATE_HOME
     assert summary_line(proc.stdout).startswith("=== 2 cells run, 0 errors")
     assert summary_line(proc.stdout).endswith(f"record: {record}")
     assert (record / "ledger.sqlite").is_file()
+    assert not (tmp_path / ".host_kernel").exists()
+    assert head_line(proc.stdout) == last_hash(record)
     assert (tmp_path / "out.txt").read_text() == "42"
 
 
@@ -66,6 +95,75 @@ def test_exec_uses_the_given_workdir_and_record(tmp_path: Path) -> None:
     assert (work / "w.txt").read_text() == "hi"
     assert (record / "ledger.sqlite").is_file()
     assert summary_line(proc.stdout).endswith(f"record: {record}")
+    assert head_line(proc.stdout) == last_hash(record)
+
+
+def test_exec_record_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "nb.ipynb", new_code_cell("pass"))
+    (tmp_path / "record").write_text("not a folder")
+    proc = run_cli("exec", nb, "--record", tmp_path / "record", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: [record_missing]") and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_the_head_exec_prints_is_what_audit_expects_later(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "nb.ipynb", new_code_cell("print('hi')"))
+    head = head_line(run_cli("exec", nb, cwd=tmp_path).stdout)
+    # audit finds the record from the workspace it is run in, and holds it to that head
+    proc = run_cli("audit", "--expect-head", head, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"head: {head}" in proc.stdout.splitlines()
+    with SQLiteLedger(default_record_dir(tmp_path) / "ledger.sqlite") as ledger:
+        ledger.append("later", "note", {"text": "appended after exec"})
+    proc = run_cli("audit", tmp_path, "--expect-head", head, cwd=tmp_path)
+    assert proc.returncode == 1
+    [finding] = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert finding.startswith("FAIL [head_mismatch]") and "1 events follow it" in finding
+    proc = run_cli("audit", tmp_path, "--expect-head", "abc", cwd=tmp_path)
+    assert proc.returncode == 2 and "64 hex digits" in proc.stderr
+
+
+def test_lineage_and_receipt_find_the_record_and_refuse_a_drifted_one(tmp_path: Path) -> None:
+    nb = write_notebook(
+        tmp_path / "nb.ipynb",
+        new_code_cell("host.write_file('a.csv', 'x\\n1\\n')\nr = host.bash('wc -l a.csv')\n"
+                      "a = host.save_artifact('a.csv')"))
+    assert run_cli("exec", nb, cwd=tmp_path).returncode == 0
+    record = default_record_dir(tmp_path)
+    db = sqlite3.connect(record / "ledger.sqlite")
+    artifact = db.execute("SELECT artifact_id FROM artifacts").fetchone()[0]
+    receipt = db.execute("SELECT receipt_id FROM receipts").fetchone()[0]
+    db.close()
+    elsewhere = tmp_path.parent
+    lineage = run_cli("lineage", artifact, "--workdir", tmp_path, cwd=elsewhere)
+    assert lineage.returncode == 0, lineage.stderr
+    assert lineage.stdout.startswith("artifact a.csv")
+    statement = run_cli("receipt", receipt, cwd=tmp_path)  # the current directory's record
+    assert statement.returncode == 0, statement.stderr
+    assert '"return-value": 0' in statement.stdout
+
+    db = sqlite3.connect(record / "ledger.sqlite")
+    db.execute("UPDATE artifacts SET sha256 = ?", ("f" * 64,))
+    db.execute("UPDATE receipts SET exit_status = 1")
+    db.commit()
+    db.close()
+    for proc in (run_cli("lineage", artifact, "--record", record, cwd=elsewhere),
+                 run_cli("receipt", receipt, "--workdir", tmp_path, cwd=elsewhere)):
+        assert proc.returncode == 1
+        assert proc.stdout == ""  # the drifted values are never shown
+        assert proc.stderr.startswith("error: [projection_drift]")
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_reading_commands_without_a_record_say_so_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for args in (["lineage", "some-id"], ["receipt", "some-id", "--record", tmp_path / "file"],
+                 ["audit"], ["export"], ["audit", tmp_path / "file"]):
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 1, args
+        assert proc.stderr.startswith("error: [record_missing]"), (args, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
 def test_exec_exits_1_when_a_cell_fails_and_keeps_going(tmp_path: Path) -> None:

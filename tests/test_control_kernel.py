@@ -22,6 +22,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
 
+from host_kernel._paths import default_record_dir
 from host_kernel.audit import audit
 from host_kernel.cli import main as cli_main
 from host_kernel.export import export_notebook
@@ -44,6 +45,24 @@ def kernelspecs(root: Path) -> Iterator[Path]:
 
 def hk_folders(tmpdir: Path) -> list[Path]:
     return sorted(tmpdir.glob("hk-*"))
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under ``pid`` (this PID namespace's /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - found
+        found |= frontier
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -107,7 +126,7 @@ class RelayKernel:
 
     @property
     def record(self) -> Path:
-        return self.workdir / ".host_kernel"
+        return default_record_dir(self.workdir)
 
     def events(self, kind: str) -> list[dict[str, Any]]:
         with SQLiteLedger(self.record / "ledger.sqlite") as ledger:
@@ -284,7 +303,8 @@ def test_a_kernel_death_is_recorded_and_the_next_cell_runs_in_a_new_generation(
     assert reply["content"]["ename"] == "KernelDied"
     assert "generation 2" in reply["content"]["evalue"]
     assert kernel.stdout("print(host.generation)").strip() == "2"
-    assert {"generation": 2, "reason": "kernel_died"} == kernel.events("generation_started")[-1]
+    started = kernel.events("generation_started")[-1]
+    assert (started["generation"], started["reason"]) == (2, "kernel_died")
     died = [b for b in kernel.events("cell_finished") if b["status"] == "kernel_died"]
     assert died and "in memory is gone" in died[-1]["notice"]
 
@@ -298,19 +318,23 @@ def test_a_restart_from_the_client_is_the_next_generation_of_the_same_session(
         sessions = {e.session for e in ledger.events()}
         started = [e for e in ledger.events() if e.kind == "session_started"]
     assert len(sessions) == 1 and len(started) == 1
-    assert kernel.events("generation_started")[-1] == {"generation": 3, "reason": "restart"}
+    started = kernel.events("generation_started")[-1]
+    assert (started["generation"], started["reason"]) == (3, "restart")
     assert kernel.events("frontend_shutdown")[-1]["restart"] is True
 
 
 def test_shutdown_ends_the_session_and_leaves_no_process_or_folder(
         kernel: RelayKernel) -> None:
-    inner = int(kernel.stdout("import os\nprint(os.getpid())"))
     relay = kernel.km.provisioner.process.pid  # type: ignore[union-attr]
+    # The inner kernel's own pid is the one in its sandbox's PID namespace; its
+    # descendants of the relay, seen from here, are what must go.
+    started = descendants(relay)
+    assert len(started) >= 2  # at least the inner kernel (and the sandbox's init)
     kernel.stop()
     deadline = time.monotonic() + 5
-    while (alive(inner) or alive(relay)) and time.monotonic() < deadline:
+    while (any(map(alive, started)) or alive(relay)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(relay) and not alive(inner)
+    assert not alive(relay) and not [p for p in started if alive(p)]
     assert hk_folders(kernel.tmpdir) == []
     assert kernel.events("session_ended")
     report = audit(kernel.record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,17 +26,37 @@ CELLS = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Default record folders go under this module's own state folder, not ~/.local/state."""
+    home = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(home))
+        yield home
+
+
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str],
-                                                                       str]]:
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("export")
+
+
+@pytest.fixture(scope="module")
+def recorded(workspace: Path) -> Iterator[tuple[Path, dict[str, str], str]]:
     """One real session, with a receipt, an artifact, an error and rich outputs."""
-    workdir = tmp_path_factory.mktemp("export")
     ids: dict[str, str] = {}
-    with Host(workdir) as host:
+    with Host(workspace) as host:
         for name, code in CELLS.items():
             ids[name] = host.execute(code, timeout=30).cell_id
         session = host.session_id
-    yield workdir / ".host_kernel", ids, session
+    yield host.record_dir, ids, session
+
+
+def _copy(record: Path, to: Path) -> Path:
+    """A copy of the record's ledger and key, to tamper with."""
+    to.mkdir()
+    for name in ("ledger.sqlite", "record.key"):
+        shutil.copy2(record / name, to / name)
+    return to
 
 
 def test_export_validates_as_nbformat_4_5(recorded: tuple[Path, dict[str, str], str]) -> None:
@@ -99,29 +120,35 @@ def test_notebook_metadata_names_session_mode_and_kernelspec(
     assert meta["host_kernel"]["submissions"] == []
 
 
-def test_export_reads_events_not_the_projection_tables_on_disk(
+def test_export_refuses_stored_projections_that_disagree_with_the_events(
         recorded: tuple[Path, dict[str, str], str], tmp_path: Path) -> None:
     record, _, _ = recorded
-    copy = tmp_path / "record"
-    copy.mkdir()
-    (copy / "ledger.sqlite").write_bytes((record / "ledger.sqlite").read_bytes())
+    copy = _copy(record, tmp_path / "record")
     with sqlite3.connect(copy / "ledger.sqlite") as db:
         db.execute("UPDATE cells SET code = 'forged', outputs = '[]'")
-    nb = export_notebook(copy)
-    assert [c.source for c in nb.cells] == list(CELLS.values())
+    with pytest.raises(RecordError, match="disagree with the events") as refused:
+        export_notebook(copy)
+    assert refused.value.code == "projection_drift"
+    assert "forged" not in str(refused.value)
+
+
+def test_export_of_an_untouched_copy_equals_the_original(
+        recorded: tuple[Path, dict[str, str], str], tmp_path: Path) -> None:
+    record, _, _ = recorded
+    copy = _copy(record, tmp_path / "record")
+    assert export_notebook(copy) == export_notebook(record)
 
 
 def test_export_refuses_a_record_whose_chain_is_broken(
         recorded: tuple[Path, dict[str, str], str], tmp_path: Path) -> None:
     record, _, _ = recorded
-    copy = tmp_path / "record"
-    copy.mkdir()
-    (copy / "ledger.sqlite").write_bytes((record / "ledger.sqlite").read_bytes())
+    copy = _copy(record, tmp_path / "record")
     with sqlite3.connect(copy / "ledger.sqlite") as db:
         db.execute("UPDATE events SET body = replace(body, 'hello', 'HELLO') "
                    "WHERE kind = 'cell_started'")
-    with pytest.raises(RecordError, match="chain is broken"):
+    with pytest.raises(RecordError, match="chain is broken") as refused:
         export_notebook(copy)
+    assert refused.value.code == "chain_broken"
 
 
 def test_export_of_an_unknown_session_is_refused(
@@ -160,15 +187,29 @@ def test_export_cleans_outputs_nbformat_would_reject(tmp_path: Path) -> None:
 
 
 def test_cli_export_writes_a_notebook_and_names_a_session(
-        recorded: tuple[Path, dict[str, str], str], tmp_path: Path,
+        recorded: tuple[Path, dict[str, str], str], workspace: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     record, ids, session = recorded
     out = tmp_path / "out.ipynb"
-    assert main(["export", str(record.parent), "-o", str(out), "--session", session]) == 0
+    # the workspace names its record (kept outside it)
+    assert main(["export", str(workspace), "-o", str(out), "--session", session]) == 0
     nb = nbformat.read(out, as_version=4)
     nbformat.validate(nb)
     assert [c.id for c in nb.cells] == list(ids.values())
     capsys.readouterr()
     assert main(["export", str(record)]) == 0
     assert json.loads(capsys.readouterr().out)["metadata"]["host_kernel"]["session"] == session
-    assert main(["export", str(tmp_path / "nowhere")]) == 2
+
+
+def test_cli_export_refuses_a_missing_or_drifted_record_in_one_line(
+        recorded: tuple[Path, dict[str, str], str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: [record_missing]") and err.count("\n") == 1
+    copy = _copy(recorded[0], tmp_path / "record")
+    with sqlite3.connect(copy / "ledger.sqlite") as db:
+        db.execute("UPDATE receipts SET exit_status = 9")
+    assert main(["export", str(copy)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: [projection_drift]") and "receipts " in err

@@ -16,6 +16,7 @@ import pytest
 from nbclient import NotebookClient
 from test_control_kernel import hk_folders, kernelspecs
 
+from host_kernel._paths import default_record_dir
 from host_kernel.audit import audit
 from host_kernel.export import export_notebook
 from host_kernel.store.ledger import SQLiteLedger, rebuild
@@ -76,7 +77,7 @@ def test_nbclient_runs_each_notebook_and_the_record_holds_every_cell(
     client = NotebookClient(nb, kernel_name="host_kernel", timeout=60,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute(env=env)
-    record = workdir / ".host_kernel"
+    record = default_record_dir(workdir)
     [(session, cells)] = session_cells(record).items()
     assert [code for code, _ in cells] == code_sources(nb)
     assert {status for _, status in cells} == {"ok"}
@@ -107,11 +108,11 @@ def test_nbval_passes_every_notebook_under_its_own_kernelspec(jupyter_path: Path
          "--nbval-kernel-startup-timeout", "60", *(f"{n}.ipynb" for n in NAMES)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    sessions = session_cells(tmp_path / ".host_kernel")
+    sessions = session_cells(default_record_dir(tmp_path))
     assert len(sessions) == len(NAMES)
     for cells in sessions.values():
         assert {status for _, status in cells} == {"ok"}
-    assert_clean(tmp_path / ".host_kernel")
+    assert_clean(default_record_dir(tmp_path))
     # nbval kills each kernel (SIGKILL to the relay): the relay's sentinel still removes
     # the Host's runtime folder
     deadline = time.monotonic() + 5

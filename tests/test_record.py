@@ -5,8 +5,24 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from host_kernel import Host
-from host_kernel.store.ledger import SQLiteLedger, check_chain, projection_rows, rebuild
+from host_kernel.store.ledger import (
+    RecordRefused,
+    SQLiteLedger,
+    check_chain,
+    projection_rows,
+    rebuild,
+)
+
+
+@pytest.fixture(autouse=True)
+def state_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Default record folders go under this test's own state folder, not ~/.local/state."""
+    home = tmp_path / "state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
 
 
 def _busy_session(workdir: Path) -> Path:
@@ -49,10 +65,14 @@ def test_an_edited_event_breaks_the_chain_and_the_checker_says_where(workdir: Pa
                " WHERE seq = ?", (seq,))
     db.commit()
     db.close()
-    with SQLiteLedger(record / "ledger.sqlite") as live:
+    with SQLiteLedger.open_readonly(record / "ledger.sqlite") as live:
         problems = check_chain(live)
     assert [p.seq for p in problems] == [seq]
     assert "edited" in str(problems[0])
+    # and no writer will extend it: the next Host on this record refuses to start
+    with pytest.raises(RecordRefused, match=f"event {seq}") as refused:
+        SQLiteLedger(record / "ledger.sqlite")
+    assert refused.value.code == "chain_broken"
 
 
 def test_a_deleted_event_is_found(workdir: Path) -> None:
@@ -61,7 +81,7 @@ def test_a_deleted_event_is_found(workdir: Path) -> None:
     db.execute("DELETE FROM events WHERE seq = 5")
     db.commit()
     db.close()
-    with SQLiteLedger(record / "ledger.sqlite") as live:
+    with SQLiteLedger.open_readonly(record / "ledger.sqlite") as live:
         problems = check_chain(live)
     assert problems and problems[0].seq == 6
     assert "deleted" in str(problems[0])
@@ -81,7 +101,8 @@ def test_two_sessions_share_one_chain(workdir: Path) -> None:
         a.execute("pass")
     with Host(workdir) as b:
         b.execute("pass")
-    with SQLiteLedger(workdir / ".host_kernel" / "ledger.sqlite") as live:
+    assert a.record_dir == b.record_dir
+    with SQLiteLedger.open_readonly(a.record_dir / "ledger.sqlite") as live:
         assert check_chain(live) == []
         sessions = {r["session"] for r in live.query("SELECT session FROM sessions")}
     assert sessions == {a.session_id, b.session_id}

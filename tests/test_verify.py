@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -268,14 +270,15 @@ def test_receipt_output_altered_in_the_store(fresh: Host) -> None:
     assert not accepted and "receipt_output_altered" in failed
 
 
-def test_editing_the_sqlite_file_from_a_cell_is_refused(fresh: Host) -> None:
-    # The cell flips a failing receipt to exit 0 in both the projection and the event, and
+def test_editing_the_sqlite_file_is_denied_to_a_cell_and_refused_from_outside(
+        fresh: Host) -> None:
+    # The edit flips a failing receipt to exit 0 in both the projection and the event, and
     # recomputes the event's hash so that the chain alone still looks intact.
     obs = fresh.execute("host.bash('python -m pytest -q tests -k nothing_matches')")
     code = f"""
 import sqlite3, os, json, hashlib
 from host_kernel.store.ledger import canonical_json, event_hash
-db = sqlite3.connect(os.path.join(os.environ['HOST_KERNEL_RECORD'], 'ledger.sqlite'))
+db = sqlite3.connect({str(fresh.record_dir / 'ledger.sqlite')!r})
 db.execute("UPDATE receipts SET exit_status = 0 WHERE cell_id = '{obs.cell_id}'")
 rows = db.execute("SELECT seq, session, ts, kind, body, prev FROM events ORDER BY seq").fetchall()
 prev = None
@@ -291,7 +294,13 @@ for seq, session, ts, kind, body, old_prev in rows:
     prev = h
 db.commit()
 """
-    assert fresh.execute(code).status == "ok"
+    if fresh.confinement is not None and fresh.confinement.active:
+        # Confined, the cell cannot even open the ledger...
+        denied = fresh.execute(code)
+        assert denied.status == "error" and "OperationalError" in denied.text
+    # ...and another process of the same user that can is caught by the Host's own hashes.
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     accepted, failed, text = submit(fresh)
     assert not accepted and "record_unreadable" in failed
     assert "not the ones this Host wrote" in text

@@ -55,7 +55,8 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", metavar="DIR", default=None,
                         help="the workspace (default: the current directory)")
     parser.add_argument("--record", metavar="DIR", default=None,
-                        help="the record folder (default: WORKDIR/.host_kernel)")
+                        help="the record folder (default: the workspace's record folder, "
+                             "outside it, under $XDG_STATE_HOME/host_kernel/records/)")
     parser.add_argument("--base-url", metavar="URL", required=True,
                         help="an OpenAI-compatible endpoint, up to /v1 "
                              "(e.g. http://127.0.0.1:8000/v1)")
@@ -159,7 +160,7 @@ RUN = Command(
 
 def _trace_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("record", metavar="RECORD",
-                        help="a record folder, a workdir holding .host_kernel, or an "
+                        help="a record folder, a workspace whose record is found, or an "
                              "agent-events.ndjson file")
     parser.add_argument("--session", metavar="ID", default=None,
                         help="the session to show (default: the last one in the log)")
@@ -168,11 +169,15 @@ def _trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _events_file(value: str) -> Path:
+    from .._paths import find_record
     from .events import EVENTS_FILE
 
     path = Path(value)
-    for candidate in (path, path / EVENTS_FILE, path / ".host_kernel" / EVENTS_FILE):
-        if candidate.is_file():
+    if path.is_file():
+        return path
+    record = find_record(path)
+    for candidate in (path / EVENTS_FILE, None if record is None else record / EVENTS_FILE):
+        if candidate is not None and candidate.is_file():
             return candidate
     raise UsageError(f"{value}: no {EVENTS_FILE} there (is it a record of `host-kernel run`?)")
 
@@ -214,7 +219,8 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", metavar="M", default=None,
                         help="arm a task mode for the session's submissions")
     parser.add_argument("--record", metavar="DIR", default=None,
-                        help="the record folder (default: WORKDIR/.host_kernel)")
+                        help="the record folder (default: the workspace's record folder, "
+                             "outside it, under $XDG_STATE_HOME/host_kernel/records/)")
 
 
 def _mcp_run(args: argparse.Namespace) -> int:

@@ -78,13 +78,20 @@ class HostThread:
 
     @staticmethod
     def interrupt_kernel(pid: int | None) -> bool:
-        """Send SIGINT to a kernel process, as a notebook's interrupt button does."""
+        """Send SIGINT to a kernel's process group, as a notebook's interrupt button does.
+
+        ``pid`` leads the group (jupyter_client starts kernels in a session of their
+        own); confined, it is the sandbox's launcher, which passes interrupts by.
+        """
         if pid is None:
             return False
         try:
-            os.kill(pid, signal.SIGINT)
+            os.killpg(pid, signal.SIGINT)
         except (ProcessLookupError, PermissionError):
-            return False
+            try:
+                os.kill(pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                return False
         return True
 
     def stop(self, timeout: float = 30.0) -> None:

@@ -1,9 +1,11 @@
 """``python -m host_kernel.control -f CONNECTION_FILE``: the control kernel's process.
 
 Owns reading the launch arguments and environment into a relay: the record
-folder (``--record``, else ``HOST_KERNEL_RECORD``, else ``./.host_kernel``), the
-task mode (``--mode``, else ``HOST_KERNEL_MODE``, else none armed) and the
-workspace (the working directory the frontend started the kernel in).
+folder (``--record``, else ``HOST_KERNEL_RECORD``, else the workspace's default
+record folder outside it, host_kernel/_paths.py), the task mode (``--mode``,
+else ``HOST_KERNEL_MODE``, else none armed), confinement (``--no-network``,
+``--require-confinement``) and the workspace (the working directory the frontend
+started the kernel in).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from .._paths import default_record_dir
 from ..host._relay_support import RelayHost, ResumeState
 from ..modes import UnknownModeError, normalise_mode_name
 from .relay import Relay
@@ -27,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the connection file the frontend wrote")
     parser.add_argument("--record", default=None, help="the record folder")
     parser.add_argument("--mode", default=None, help="arm a task mode")
+    parser.add_argument("--no-network", action="store_true",
+                        help="deny the kernel and its commands TCP connect and bind")
+    parser.add_argument("--require-confinement", action="store_true",
+                        help="refuse to start where Landlock confinement is unavailable")
     args = parser.parse_args(argv)
     try:
         with open(args.connection_file) as f:
@@ -42,10 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workdir = Path.cwd()
     record = Path(args.record or os.environ.get("HOST_KERNEL_RECORD")
-                  or workdir / ".host_kernel").resolve()
+                  or default_record_dir(workdir)).resolve()
 
     def make_host(resume: ResumeState | None) -> RelayHost:
-        return RelayHost(workdir, mode=mode, record_dir=record, resume=resume)
+        return RelayHost(workdir, mode=mode, record_dir=record, resume=resume,
+                         network=not args.no_network,
+                         require_confinement=args.require_confinement)
 
     return Relay(connection, args.connection_file, record, make_host).serve()
 

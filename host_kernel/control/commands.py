@@ -31,7 +31,12 @@ def _install_arguments(parser: argparse.ArgumentParser) -> None:
                              "(analysis_run, reusable_pipeline, codebase_change)")
     parser.add_argument("--record", metavar="DIR", default=None,
                         help="one record folder for every session (default: "
-                             "$HOST_KERNEL_RECORD, else .host_kernel in the notebook's folder)")
+                             "$HOST_KERNEL_RECORD, else the notebook folder's own record "
+                             "outside it, under $XDG_STATE_HOME/host_kernel/records)")
+    parser.add_argument("--no-network", action="store_true",
+                        help="sessions of this kernelspec may not open TCP connections")
+    parser.add_argument("--require-confinement", action="store_true",
+                        help="sessions refuse to start where Landlock is unavailable")
 
 
 def _install_run(args: argparse.Namespace) -> int:
@@ -48,7 +53,8 @@ def _install_run(args: argparse.Namespace) -> int:
     name = args.name or KERNEL_NAME
     try:
         path = install(name, user=args.user, prefix=prefix, mode=mode, record=args.record,
-                       display_name=args.display_name)
+                       display_name=args.display_name, network=not args.no_network,
+                       require_confinement=args.require_confinement)
     except ValueError as exc:  # jupyter_client's message for a bad kernel name
         raise UsageError(str(exc)) from None
     except OSError as exc:
@@ -94,7 +100,9 @@ UNINSTALL = Command(
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", help="the record folder (or a workdir holding .host_kernel)")
+    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
+                        help="a record folder, or a workspace whose record is found (default: "
+                             "the current directory's record)")
     parser.add_argument("-o", "--output", metavar="OUT.ipynb", default=None,
                         help="write the notebook here (default: print it)")
     parser.add_argument("--session", metavar="ID", default=None,
@@ -104,18 +112,12 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     import nbformat
 
-    from .._errors import RecordError
-    from ..export import export_notebook, record_folder
+    from ..cli import resolve_record
+    from ..export import export_notebook
 
-    try:
-        record = record_folder(args.record)
-    except RecordError as exc:
-        raise UsageError(exc.message) from None
-    try:
-        nb = export_notebook(record, args.session)
-    except RecordError as exc:
-        print(f"host-kernel export: {exc.message}", file=sys.stderr)
-        return EXIT_FAILED
+    # A missing record, or one that fails open_verified, raises RecordError: main() prints
+    # "error: [CODE] message" and exits 1.
+    nb = export_notebook(resolve_record(args.record), args.session)
     text = cast(Callable[..., str], nbformat.writes)(nb)  # nbformat ships no type hints
     if args.output is None:
         sys.stdout.write(text + "\n")
@@ -136,7 +138,8 @@ EXPORT = Command(
     description=("Write the session's cells as a notebook: cell ids are the Host-minted ids; "
                  "cell metadata holds generation, status, receipts, artifacts and the "
                  "frontend's cell id; notebook metadata the session, mode and submission "
-                 "verdicts. Reads only events whose hash chain is intact."),
+                 "verdicts. Reads the record verified: a broken chain, or stored projections that "
+                 "disagree with the events, is refused (exit 1)."),
     add_arguments=_export_arguments,
     run=_export_run,
 )

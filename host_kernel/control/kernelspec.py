@@ -26,11 +26,16 @@ DISPLAY_NAME = "Python 3 (host_kernel)"
 
 
 def kernel_json(*, mode: str | None = None, record: str | None = None,
-                display_name: str | None = None) -> dict[str, Any]:
+                display_name: str | None = None, network: bool = True,
+                require_confinement: bool = False) -> dict[str, Any]:
     """The kernelspec's contents, launching the control kernel with this interpreter."""
     argv = [sys.executable, "-m", "host_kernel.control", "-f", "{connection_file}"]
     if mode:
         argv += ["--mode", mode]
+    if not network:
+        argv += ["--no-network"]
+    if require_confinement:
+        argv += ["--require-confinement"]
     if record:
         argv += ["--record", str(Path(record).resolve())]
     name = display_name or (DISPLAY_NAME if not mode else f"Python 3 (host_kernel, {mode})")
@@ -41,13 +46,16 @@ def kernel_json(*, mode: str | None = None, record: str | None = None,
         # The frontend sends interrupt_request on the control channel; the relay records
         # it and passes it on. (A signal would reach the relay, which forwards it too.)
         "interrupt_mode": "message",
-        "metadata": {"debugger": False, "host_kernel": {"mode": mode, "record": record}},
+        "metadata": {"debugger": False, "host_kernel": {
+            "mode": mode, "record": record, "network": network,
+            "require_confinement": require_confinement}},
     }
 
 
 def install(name: str = KERNEL_NAME, *, user: bool = False, prefix: str | None = None,
             mode: str | None = None, record: str | None = None,
-            display_name: str | None = None) -> str:
+            display_name: str | None = None, network: bool = True,
+            require_confinement: bool = False) -> str:
     """Install the kernelspec; returns the folder it was written to.
 
     ``user`` installs for this user; ``prefix`` under ``PREFIX/share/jupyter``
@@ -57,7 +65,8 @@ def install(name: str = KERNEL_NAME, *, user: bool = False, prefix: str | None =
         spec = Path(tmp) / name
         spec.mkdir()
         (spec / "kernel.json").write_text(json.dumps(
-            kernel_json(mode=mode, record=record, display_name=display_name), indent=1) + "\n")
+            kernel_json(mode=mode, record=record, display_name=display_name, network=network,
+                        require_confinement=require_confinement), indent=1) + "\n")
         _copy_logos(spec)
         return str(KernelSpecManager().install_kernel_spec(str(spec), name, user=user,
                                                            prefix=prefix))

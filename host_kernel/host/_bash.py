@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..sandbox.client import ConfinedProcess, Sandbox, popen_confined
 from ..store.blobs import FileBlobStore
 from ._workspace import FileStat, HashCache, Workspace, cached_sha256, file_sha256, snapshot
 
-__all__ = ["CommandContext", "run_command", "resolve_executable", "Redactor"]
+__all__ = ["CommandContext", "Redactor", "kill_group", "resolve_executable", "run_command"]
 
 TAIL_CHARS = 2_000
 MAX_CHANGES = 200
@@ -103,7 +104,9 @@ class CommandContext:
     #: The Host's stat-keyed hash cache, shared with lineage.
     hash_cache: HashCache = field(default_factory=dict)
     #: Called with the process once it has started (the Host tracks it per cell).
-    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None
+    on_start: Callable[[Any], None] | None = None
+    #: The kernel generation's sandbox: commands start confined, inside it. None: unconfined.
+    sandbox: Sandbox | None = None
 
 
 #: Files larger than this are left out of a receipt's workspace manifest.
@@ -265,10 +268,14 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
 
     started = time.time()
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    proc: Any
+    if ctx.sandbox is not None:
+        proc = popen_confined(ctx.sandbox, ["bash", "-c", command], cwd=str(cwd), env=env)
+    else:
+        proc = subprocess.Popen(
+            ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )
     if ctx.on_start is not None:
         ctx.on_start(proc)
     listening = True
@@ -285,7 +292,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
             now = time.monotonic()
             if deadline is not None and now >= deadline and not timed_out:
                 timed_out = True
-                _kill_group(proc)
+                kill_group(proc)
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
             if exited_at is not None and now - exited_at > PIPE_GRACE:
@@ -309,10 +316,10 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
             None if deadline is None else max(0.1, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(proc)
+        kill_group(proc)
         returncode = proc.wait()
     if timed_out:
-        _kill_group(proc)
+        kill_group(proc)
     for pipe in streams:
         assert pipe is not None
         pipe.close()
@@ -356,8 +363,18 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     }
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: Any) -> bool:
+    """SIGKILL a command's process group, confined or not. False when it was already gone."""
+    if isinstance(proc, ConfinedProcess):
+        if proc.poll() is not None:
+            return False
+        proc.kill_group(signal.SIGKILL)
+        return True
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
+
+
+

@@ -34,21 +34,25 @@ from .. import _version
 from .._errors import (
     BadArguments,
     CallRefused,
+    ConfinementError,
     FileProblem,
     HostCallError,
     HostKernelError,
     KernelError,
     RecordError,
 )
+from .._paths import default_record_dir
 from .._procs import pid_alive
+from ..sandbox.client import Confinement, Sandbox, probe
+from ..sandbox.policy import Policy
 from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Status, Verdict
 from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
 from ..store.blobs import FileBlobStore
-from ..store.ledger import Event, SQLiteLedger, check_chain, rebuild
+from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
-from ._bash import CommandContext, Redactor, run_command
+from ._bash import CommandContext, Redactor, kill_group, run_command
 from ._kernel import KernelGeneration, kernel_env
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
@@ -98,8 +102,13 @@ def _short_tempdir() -> str | None:
     return "/tmp"
 
 
-def _default_record_dir(workdir: Path) -> Path:
-    return workdir / ".host_kernel"
+#: Sub-folders of a session's private folder, each named in the kernel's environment.
+PRIVATE_DIRS = {"TMPDIR": "tmp", "IPYTHONDIR": "ipython", "XDG_CACHE_HOME": "cache",
+                "MPLCONFIGDIR": "mpl", "JUPYTER_RUNTIME_DIR": "jupyter", "PIP_TARGET": "site"}
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
 
 class Host:
@@ -122,12 +131,28 @@ class Host:
         secret_names: tuple[str, ...] = (),
         front: str = "api",
         llm: Any = None,
+        network: bool = True,
+        require_confinement: bool = False,
+        read_paths: tuple[str | os.PathLike[str], ...] = (),
+        hide_env: tuple[str, ...] = (),
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
             raise KernelError(f"workdir {workdir} is not a directory")
         self.workdir = Path(os.path.realpath(root))
-        self.record_dir = Path(os.path.realpath(record_dir or _default_record_dir(self.workdir)))
+        self.record_dir = Path(os.path.realpath(record_dir or default_record_dir(self.workdir)))
+        if not isinstance(network, bool):
+            raise BadArguments("network must be True or False")
+        self.network = network
+        self.require_confinement = require_confinement
+        self.read_paths = tuple(str(p) for p in read_paths)
+        #: Names of the Host's own secrets, never put into the kernel's environment.
+        self.hide_env = frozenset(hide_env) | _llm_key_names(llm)
+        #: What the record says about confinement; decided at start().
+        self.confinement: Confinement | None = None
+        self._policy: Policy | None = None
+        self._private_dir: Path | None = None
+        self._confinement_told = False
         self.mode: TaskMode = resolve_task_mode(request, mode)
         self.request = request
         self.text_limit = text_limit
@@ -174,6 +199,8 @@ class Host:
         #: seq → hash of every event this Host appended: the anchor that an edit of the
         #: SQLite file (even one that recomputes the whole chain) cannot move.
         self._appended: dict[int, str] = {}
+        #: Set once a foreign event is found on the ledger's tail: every append then fails.
+        self._foreign: RecordError | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -187,6 +214,15 @@ class Host:
     def start(self) -> Host:
         if self.state is not HostState.UNOPENED:
             raise KernelError(f"the Host is {self.state.value}; it can be started once")
+        confinement = probe(None, network=self.network)
+        if not confinement.active and self.require_confinement:
+            raise ConfinementError(f"confinement is required but not available: "
+                                   f"{confinement.reason}")
+        if confinement.active and _inside(self.record_dir, self.workdir):
+            raise ConfinementError(
+                f"the record folder {self.record_dir} is inside the workspace {self.workdir}; "
+                f"confined code may write anywhere in the workspace, so the record must live "
+                f"outside it (leave record_dir unset for {default_record_dir(self.workdir)})")
         self.record_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.record_dir, 0o700)
         self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
@@ -195,14 +231,23 @@ class Host:
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=_short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
         try:
+            self._private_dir = self._runtime_dir / "s"
+            self._private_dir.mkdir()
             self._server = CallServer(socket_path, self._dispatch)
-            self._launch_env = kernel_env(dict(os.environ))
-            self._launch_env.update({
-                "HOST_KERNEL_SOCKET": socket_path,
-                "HOST_KERNEL_WORKSPACE": str(self.workdir),
-                "HOST_KERNEL_RECORD": str(self.record_dir),
-                "HOST_KERNEL_SESSION": self.session_id,
-            })
+            self._launch_env = self._build_env(socket_path)
+            if confinement.active:
+                self._launch_env["HOST_KERNEL_CONFINED"] = "1"
+                self._policy = Policy.for_session(
+                    self.workdir, self._private_dir, [self.record_dir], network=self.network,
+                    extra_read=self.read_paths)
+                confinement = probe(self._policy, network=self.network)
+                if not confinement.active and self.require_confinement:
+                    raise ConfinementError(f"confinement is required but not available: "
+                                           f"{confinement.reason}")
+                if not confinement.active:
+                    self._policy = None
+                    del self._launch_env["HOST_KERNEL_CONFINED"]
+            self.confinement = confinement
             self.redactor.learn(self._launch_env)
             self._begin_session()
         except BaseException:
@@ -210,6 +255,35 @@ class Host:
             raise
         self.state = HostState.OPEN
         return self
+
+    def _build_env(self, socket_path: str) -> dict[str, str]:
+        """The kernel's environment: the Host's, less its own secrets, plus the session's
+        private folders (temp, IPython, caches, the package overlay) and the call socket.
+
+        The record's location is not in it: confined code has no business there.
+        """
+        assert self._private_dir is not None
+        base = {k: v for k, v in os.environ.items()
+                if k not in self.hide_env and not k.startswith("HOST_KERNEL_")}
+        env = kernel_env(base)
+        for name, sub in PRIVATE_DIRS.items():
+            folder = self._private_dir / sub
+            folder.mkdir(exist_ok=True)
+            env[name] = str(folder)
+        overlay = env["PIP_TARGET"]
+        # `pip install` (a cell's %pip, or host.bash) lands in the session's overlay,
+        # which is first on the kernel's import path and its scripts first on PATH.
+        env["PYTHONPATH"] = os.pathsep.join([overlay] + [p for p in env.get(
+            "PYTHONPATH", "").split(os.pathsep) if p])
+        env["PATH"] = os.pathsep.join([os.path.join(overlay, "bin"), env["PATH"]])
+        env["PIP_CACHE_DIR"] = str(self._private_dir / "cache" / "pip")
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        env.update({
+            "HOST_KERNEL_SOCKET": socket_path,
+            "HOST_KERNEL_WORKSPACE": str(self.workdir),
+            "HOST_KERNEL_SESSION": self.session_id,
+        })
+        return env
 
     def _begin_session(self) -> None:
         """Record the session's start and start its first kernel generation.
@@ -223,6 +297,8 @@ class Host:
                      "signals": list(self.mode.signals)},
             "request": self.request, "host_version": _version.__version__,
             "front": self.front, "pid": os.getpid(), "host": socket.gethostname(),
+            "confinement": None if self.confinement is None else self.confinement.to_dict(),
+            "kernel_env": sorted(self._launch_env),
         })
         self._close_abandoned_sessions()
         self._start_generation("start")
@@ -251,10 +327,13 @@ class Host:
             self.ledger.append(row["session"], "session_ended", {
                 "reason": "host_died", "recovered_by": self.session_id})
 
-    def close(self) -> None:
-        """Stop the kernel, the call server and the ledger. Safe to call twice."""
+    def close(self) -> str | None:
+        """Stop the kernel, the call server and the ledger. Safe to call twice.
+
+        Returns the chain's head as this Host last wrote it (:attr:`head`).
+        """
         if self.state is HostState.CLOSED:
-            return
+            return self.head
         if self.state is HostState.OPEN and self.ledger is not None:
             try:
                 self._append("session_ended", {"generation": self.generation})
@@ -262,6 +341,7 @@ class Host:
                 pass
         self._teardown()
         self.state = HostState.CLOSED
+        return self.head
 
     def _teardown(self) -> None:
         if self._kernel is not None:
@@ -301,9 +381,31 @@ class Host:
         env = self._launch_env | {"HOST_KERNEL_TOKEN": token,
                                   "HOST_KERNEL_GENERATION": str(generation)}
         assert self._runtime_dir is not None
-        self._kernel = KernelGeneration(generation, token, self._runtime_dir, self.workdir, env,
-                                        self.startup_timeout)
-        self._append("generation_started", {"generation": generation, "reason": reason})
+        folder = self._runtime_dir / f"g{generation}"
+        folder.mkdir()
+        conn_file = folder / "kernel.json"
+        sandbox = None
+        if self._policy is not None and self.confinement is not None:
+            sandbox = Sandbox(self._policy.with_generation(folder, conn_file),
+                              self.confinement.abi)
+        self._kernel = KernelGeneration(generation, token, conn_file, self.workdir, env,
+                                        self.startup_timeout, sandbox)
+        body: dict[str, Any] = {"generation": generation, "reason": reason}
+        if sandbox is not None:
+            hello = self._kernel.hello
+            body["confinement"] = {"status": "landlock",
+                                   "pid_namespace": hello.get("pid_namespace"),
+                                   "pid_namespace_reason": hello.get("reason"),
+                                   "rules_added": [{"path": str(folder), "access": "write"},
+                                                   {"path": str(conn_file),
+                                                    "access": "read_file"}]}
+            if self.confinement is not None and self.confinement.pid_namespace is None:
+                self.confinement = dataclasses.replace(
+                    self.confinement, pid_namespace=bool(hello.get("pid_namespace")),
+                    pid_namespace_reason=hello.get("reason"))
+        else:
+            body["confinement"] = {"status": "none"}
+        self._append("generation_started", body)
 
     def restart(self, reason: str = "requested") -> int:
         """Start a fresh kernel: a new generation with a new token. Returns its number."""
@@ -314,9 +416,38 @@ class Host:
 
     def _append(self, kind: str, body: dict[str, Any]) -> Event:
         assert self.ledger is not None
-        event = self.ledger.append(self.session_id, kind, body)
+        if self._foreign is not None:
+            raise self._foreign
+        try:
+            event = self.ledger.append(self.session_id, kind, body)
+        except ForeignEventError as exc:
+            self._foreign = RecordError(
+                f"the ledger holds events this Host did not write and no holder of the record "
+                f"key wrote (seq {', '.join(map(str, exc.seqs)) or '?'}): someone appended to "
+                f"it behind the Host's back. The Host writes nothing more to this record; "
+                f"`host-kernel audit {self.record_dir}` shows the events.", code="foreign_event")
+            self._note_foreign(kind, exc)
+            raise self._foreign from exc
         self._appended[event.seq] = event.hash
         return event
+
+    def _note_foreign(self, kind: str, exc: ForeignEventError) -> None:
+        """The chain cannot take our own note once foreign events sit on its tail, so the
+        detection goes into a plain log beside it (and audit finds the events themselves)."""
+        line = json.dumps({"ts": time.time(), "session": self.session_id, "refused_kind": kind,
+                           "seqs": list(exc.seqs), "problems": [str(p) for p in exc.problems]})
+        try:
+            with open(self.record_dir / "foreign-events.log", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+
+    @property
+    def head(self) -> str | None:
+        """The hash of the last event this Host wrote or verified: an anchor to keep
+        elsewhere and hand to ``host-kernel audit --expect-head``."""
+        known = None if self.ledger is None else self.ledger.known_head
+        return None if known is None else known.hash
 
     # ------------------------------------------------------------------ execute
 
@@ -380,6 +511,11 @@ class Host:
             if lineage_error is not None:
                 body["lineage_error"] = lineage_error
             self._append("cell_finished", body)
+            if not self._confinement_told:
+                self._confinement_told = True
+                told = None if self.confinement is None else self.confinement.notice()
+                if told is not None:
+                    notice = told if notice is None else f"{told} {notice}"
             text = self._text(cell_id, run.status, outputs, notice, run.dropped_chars)
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
@@ -402,11 +538,8 @@ class Host:
         killed = 0
         for proc, recorded in active:
             if not recorded.is_set() and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                if kill_group(proc):
                     killed += 1
-                except (ProcessLookupError, PermissionError):
-                    pass
         for _, recorded in active:
             recorded.wait(timeout=10)
         if not killed:
@@ -548,7 +681,11 @@ class Host:
         return {"cell_id": cell.cell_id, "generation": cell.generation,
                 "session": self.session_id, "workspace": str(self.workdir),
                 "mode": {"name": self.mode.name, "armed": self.mode.armed,
-                         "signals": list(self.mode.signals)}}
+                         "signals": list(self.mode.signals)},
+                "confinement": None if self.confinement is None else {
+                    "status": self.confinement.status, "abi": self.confinement.abi,
+                    "network": self.confinement.network,
+                    "pid_namespace": self.confinement.pid_namespace}}
 
     def _call_cell_access(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
         # What the kernel's audit hook saw this cell open. The kernel reports it, so
@@ -691,9 +828,11 @@ class Host:
             with self._commands_lock:
                 self._commands.setdefault(cell.cell_id, []).append((proc, recorded))
 
+        kernel = self._kernel
+        spawner = None if kernel is None else kernel.sandbox
         ctx = CommandContext(cell.cell_id, cell.generation, self.workspace, self.blobs,
                              self._generation_env(cell), self.redactor, KERNEL_SET_ENV,
-                             self._hash_cache, started)
+                             self._hash_cache, started, spawner)
         try:
             body = self.redactor.deep(run_command(command, cwd, dict(env), timeout, ctx, emit))
             self._append("receipt_recorded", body)
@@ -780,6 +919,13 @@ class Host:
                          r["media_type"], r["cell_id"], r["generation"],
                          r["source_path"]).to_dict() for r in rows]
 
+
+
+def _llm_key_names(llm: Any) -> frozenset[str]:
+    """The environment variable holding the Host's LLM key: the Host's secret, not the kernel's."""
+    config = getattr(llm, "config", None)
+    name = getattr(config, "api_key_env", None)
+    return frozenset({name}) if isinstance(name, str) and name else frozenset()
 
 
 def _join(first: str | None, second: str) -> str:

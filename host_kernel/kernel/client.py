@@ -100,6 +100,12 @@ class HostClient:
         m = self._call("whoami")["mode"]
         return TaskMode(m["name"], bool(m["armed"]), tuple(m.get("signals", ())))
 
+    @property
+    def confinement(self) -> dict[str, Any]:
+        """What the Host enforces on this kernel: ``{"status": "landlock" | "none", "abi",
+        "network", "pid_namespace"}`` (the Host's word, from its record)."""
+        return dict(self._call("whoami").get("confinement") or {"status": "none"})
+
     # -- files
 
     def write_file(self, path: str | os.PathLike[str], content: str | bytes) -> FileRecord:

@@ -16,18 +16,36 @@ from .client import HostClient
 __all__ = ["load_ipython_extension"]
 
 
+CONFINED_NOTE = (
+    "host_kernel: this kernel is confined by the operating system (Landlock). Cell code and "
+    "host.bash commands may write only inside the workspace and $TMPDIR (a private temp "
+    "folder); the record, the interpreter and the rest of the machine are read-only or hidden. "
+    "Use host.write_file for workspace files, and `pip install` lands in the session's own "
+    "package folder. See docs/security.md.")
+
+
+def _explain_confinement(shell: Any, etype: type[BaseException], value: BaseException,
+                         tb: Any, tb_offset: int | None = None) -> Any:
+    """Show a PermissionError as usual, with a note saying why it happened here."""
+    if CONFINED_NOTE not in getattr(value, "__notes__", ()):
+        value.add_note(CONFINED_NOTE)
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    return None
+
+
 def load_ipython_extension(ip: Any) -> None:
     client = HostClient.from_env()
     if client is None:
         return
     ip.push({"host": client})
+    if os.environ.get("HOST_KERNEL_CONFINED") == "1":
+        ip.set_custom_exc((PermissionError,), _explain_confinement)
     workspace = os.environ.get("HOST_KERNEL_WORKSPACE")
     if not workspace:
         return
     from .capture import Capture
 
-    ignore = [p for p in (os.environ.get("HOST_KERNEL_RECORD"),) if p]
-    capture = Capture(os.path.realpath(workspace), ignore=ignore)
+    capture = Capture(os.path.realpath(workspace), ignore=[])
     capture.install()
     client._capture = capture
 

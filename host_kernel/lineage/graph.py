@@ -7,6 +7,12 @@ W3C PROV-JSON; and writing a receipt as an in-toto Statement v1. It reads the
 ledger only; it does not decide what the inputs are (the Host does, at save
 time).
 
+:func:`build_lineage` and :func:`receipt_statement` read whatever ledger they
+are given. Readers of a record on disk use :func:`record_lineage` and
+:func:`record_receipt_statement`, which read it through
+:func:`~host_kernel.store.verified.open_verified` (checked chain, projection
+rebuilt from the events, refusal on drift), never the stored tables.
+
 Identifiers are stable: ``artifact:<uuid>``, ``file:<path>@<sha256>`` (a
 content version of a workspace file), ``cell:<cell id>``, ``receipt:<uuid>``.
 """
@@ -16,12 +22,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .._errors import FileProblem
 from ..store.ledger import Ledger
+from ..store.verified import open_verified
 
-__all__ = ["Lineage", "LineageEdge", "LineageNode", "build_lineage", "receipt_statement"]
+__all__ = ["Lineage", "LineageEdge", "LineageNode", "build_lineage", "receipt_statement",
+           "record_lineage", "record_receipt_statement"]
 
 MAX_NODES = 500
 
@@ -354,3 +363,24 @@ def receipt_statement(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
             },
         },
     }
+
+
+# --------------------------------------------------------------------------- verified readers
+
+
+def record_lineage(record_dir: str | Path, artifact_id: str, *, session: str | None = None,
+                   max_nodes: int = MAX_NODES) -> Lineage:
+    """The upstream graph of ``artifact_id`` in the record folder, from its verified events.
+
+    Raises RecordRefused (see :func:`~host_kernel.store.verified.open_verified`)
+    when the record fails its checks, FileProblem when it holds no such artifact.
+    """
+    with open_verified(record_dir) as trusted:
+        return build_lineage(trusted, artifact_id, session=session, max_nodes=max_nodes)
+
+
+def record_receipt_statement(record_dir: str | Path, receipt_id: str) -> dict[str, Any]:
+    """The receipt ``receipt_id`` of the record folder as an in-toto Statement v1, from its
+    verified events. Raises as :func:`record_lineage` does."""
+    with open_verified(record_dir) as trusted:
+        return receipt_statement(trusted, receipt_id)

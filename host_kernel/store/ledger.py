@@ -1,4 +1,4 @@
-"""The ledger: an append-only, hash-chained event log with projections.
+"""The ledger: an append-only, hash-chained, authenticated event log with projections.
 
 The ``events`` table is the source of truth. Every other table (sessions,
 generations, cells, refusals, writes, receipts, artifacts, submissions) is a
@@ -8,39 +8,83 @@ alone into a fresh database. Each event stores the sha256 of the previous
 event's hash (a chain), so an edited, inserted or deleted event is found by
 :func:`check_chain`.
 
-This module owns the SQLite default. The :class:`Ledger` protocol is the seam
-for another backend (PostgreSQL): callers use only its methods. It does not
-know what the events mean beyond projecting them; the Host decides that.
+Each event also carries a ``mac``: HMAC-SHA256 of its hash under the record
+key, 32 random bytes in ``record.key`` next to the ledger (mode 0600, made by
+the first writer that opens the record; every legitimate writer reads the same
+key). A writer remembers the last event it wrote or checked (its *known
+head*); before each append, inside the write transaction, every event after
+that head must chain on from it and carry a valid MAC, or the append is
+refused with :class:`ForeignEventError` and nothing is written. Events from
+before the ``mac`` column existed have a NULL ``mac`` and are chain-checked
+only. Any process that can read ``record.key`` is trusted as a writer.
+
+Readers open the ledger with :meth:`SQLiteLedger.open_readonly`, which never
+writes, never creates a table and never changes the journal mode
+(:mod:`host_kernel.store.verified` builds the checked view readers use).
+
+This module owns the SQLite default and the record key. The :class:`Ledger`
+protocol is the seam for another backend (PostgreSQL): callers use only its
+methods. It does not know what the events mean beyond projecting them; the
+Host decides that.
+
+Errors, all :class:`~host_kernel.RecordError`::
+
+    RecordError                 cannot read the ledger (SQLite's own error)
+    ├── RecordRefused           the record will not be used as it is; ``code`` says why:
+    │                           record_missing, ledger_empty, ledger_truncated, chain_broken,
+    │                           projection_drift, event_unauthenticated, record_key_missing,
+    │                           record_key_invalid, record_unreadable, record_readonly
+    └── ForeignEventError       foreign_event: append refused, events after the known head
+                                were not written by a holder of the record key
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, Self
 
 from .._errors import RecordError
 
 __all__ = [
     "GENESIS",
+    "KEY_NAME",
     "ChainProblem",
     "Event",
+    "ForeignEventError",
+    "Head",
     "Ledger",
+    "RecordRefused",
     "SQLiteLedger",
     "canonical_json",
     "check_chain",
+    "check_macs",
     "event_hash",
+    "event_mac",
+    "load_record_key",
+    "projection_rows",
     "rebuild",
 ]
 
 #: The "previous hash" of the first event in a ledger.
 GENESIS = "0" * 64
+
+#: The record key's file name, next to ``ledger.sqlite``.
+KEY_NAME = "record.key"
+KEY_BYTES = 32
+
+# SQLite's primary result codes for a damaged file and for a file that is no database.
+_SQLITE_CORRUPT = 11
+_SQLITE_NOTADB = 26
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -50,7 +94,8 @@ CREATE TABLE IF NOT EXISTS events (
     kind    TEXT NOT NULL,
     body    TEXT NOT NULL,
     prev    TEXT NOT NULL,
-    hash    TEXT NOT NULL
+    hash    TEXT NOT NULL,
+    mac     TEXT
 );
 CREATE TABLE IF NOT EXISTS sessions (
     session TEXT PRIMARY KEY, started REAL, ended REAL, workdir TEXT, mode TEXT,
@@ -95,6 +140,7 @@ CREATE TABLE IF NOT EXISTS submissions (
 );
 """
 
+#: Every projection table and its key columns, in the order audit reports them.
 PROJECTION_TABLES = (
     ("sessions", "session"),
     ("generations", "session, generation"),
@@ -107,6 +153,41 @@ PROJECTION_TABLES = (
     ("submissions", "submission_id"),
 )
 
+_EVENT_COLUMNS = "seq, session, ts, kind, body, prev, hash, mac"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class RecordRefused(RecordError):
+    """A record that a reader, or a writer opening it, will not use as it is.
+
+    ``code`` says why (record_missing, ledger_empty, ledger_truncated,
+    chain_broken, projection_drift, event_unauthenticated, record_key_missing,
+    record_key_invalid, record_unreadable, record_readonly); docs/record.md
+    lists them all with what to do.
+    """
+
+    code = "record_refused"
+
+
+class ForeignEventError(RecordError):
+    """An append was refused: the ledger holds events after this writer's known head that
+    break the chain or were not written by a holder of the record key. Nothing was appended.
+
+    ``seqs`` names those events; ``problems`` says what is wrong with each.
+    """
+
+    code = "foreign_event"
+
+    def __init__(self, message: str, *, problems: Sequence[ChainProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+        self.seqs = tuple(sorted({p.seq for p in self.problems}))
+
+
+# --------------------------------------------------------------------------- values
+
 
 def canonical_json(value: Any) -> str:
     """The one serialisation used for event bodies and hashes."""
@@ -116,6 +197,18 @@ def canonical_json(value: Any) -> str:
 def event_hash(prev: str, seq: int, session: str, ts: float, kind: str, body: str) -> str:
     material = "\n".join((prev, str(seq), session, repr(ts), kind, body))
     return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+def event_mac(key: bytes, digest: str) -> str:
+    """HMAC-SHA256 under the record key of an event's hash (its hex text), as hex."""
+    return hmac.digest(key, digest.encode("utf-8"), "sha256").hex()
+
+
+def _mac_ok(key: bytes, digest: str, mac: object) -> bool:
+    if not isinstance(mac, str):
+        return False
+    return hmac.compare_digest(mac.encode("utf-8", "surrogateescape"),
+                               event_mac(key, digest).encode("ascii"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +221,13 @@ class Event:
     kind: str
     body: dict[str, Any]
     prev: str
+    hash: str
+
+
+class Head(NamedTuple):
+    """The last event of a ledger: its sequence number and hash (the chain's head)."""
+
+    seq: int
     hash: str
 
 
@@ -152,6 +252,8 @@ class Ledger(Protocol):
     def events(self, session: str | None = None) -> Iterator[Event]: ...
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]: ...
+
+    def head(self) -> Head | None: ...
 
     def close(self) -> None: ...
 
@@ -234,7 +336,79 @@ def project(conn: sqlite3.Connection, seq: int, session: str, ts: float, kind: s
     # Unknown kinds stay in the chain; the projection has nothing to fold.
 
 
-# --------------------------------------------------------------------------- SQLite ledger
+# --------------------------------------------------------------------------- the record key
+
+
+def load_record_key(record_dir: str | Path) -> bytes:
+    """The record key of the record folder, read only; never creates it.
+
+    Raises RecordRefused: ``record_key_missing`` when there is none (or it cannot
+    be read), ``record_key_invalid`` when it is not 32 bytes.
+    """
+    path = Path(record_dir) / KEY_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise RecordRefused(f"no {KEY_NAME} in {record_dir}", code="record_key_missing") from None
+    except OSError as exc:
+        raise RecordRefused(f"cannot read {path}: {exc.strerror or exc}",
+                            code="record_key_missing") from None
+    try:
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != KEY_BYTES:
+        raise RecordRefused(f"{path} holds {len(key)} bytes, not {KEY_BYTES}",
+                            code="record_key_invalid")
+    return key
+
+
+def _writer_key(record_dir: Path, conn: sqlite3.Connection) -> bytes:
+    """The record key for a writer: read it, or make it (O_EXCL, 0600) if there is none."""
+    path = record_dir / KEY_NAME
+    if not path.exists() and conn.execute(
+            "SELECT 1 FROM events WHERE mac IS NOT NULL LIMIT 1").fetchone() is not None:
+        # Authenticated events without their key: a fresh key would not vouch for them.
+        raise RecordRefused(
+            f"the ledger holds events authenticated with a record key, but {path} is gone; "
+            "the record will not be extended (audit it, or start a new record)",
+            code="record_key_missing")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return _read_key_of_writer(record_dir)
+    except OSError as exc:
+        raise RecordError(f"cannot create the record key {path}: {exc.strerror or exc}") from exc
+    try:
+        os.write(fd, os.urandom(KEY_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        dir_fd = os.open(record_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass  # the key itself is synced; a directory that cannot be synced is no reason to stop
+    return _read_key_of_writer(record_dir)
+
+
+def _read_key_of_writer(record_dir: Path) -> bytes:
+    # Another writer may be between its O_EXCL create and its write: wait a moment for it.
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            return load_record_key(record_dir)
+        except RecordRefused as exc:
+            if exc.code != "record_key_invalid" or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- opening
 
 
 def _connect(target: str) -> sqlite3.Connection:
@@ -243,41 +417,213 @@ def _connect(target: str) -> sqlite3.Connection:
     return conn
 
 
+def _read_error(exc: sqlite3.Error, doing: str) -> RecordError:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return RecordRefused(f"the ledger is damaged or cut short ({exc})", code="ledger_truncated")
+    return RecordError(f"cannot {doing}: {exc}")
+
+
+def _check_file(path: Path) -> bool:
+    """Refuse a ledger file that is missing, empty, no SQLite database or visibly cut short.
+
+    Returns whether a write-ahead log with content lies next to it.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except FileNotFoundError:
+        raise RecordRefused(f"no ledger at {path}", code="record_missing") from None
+    except OSError as exc:
+        raise RecordRefused(f"cannot read {path}: {exc.strerror or exc}",
+                            code="record_unreadable") from None
+    if size == 0:
+        raise RecordRefused(f"{path} is empty (0 bytes): no event was ever committed to it",
+                            code="ledger_empty")
+    if not header.startswith(b"SQLite format 3\x00"):
+        raise RecordRefused(f"{path} is not a SQLite database (its header is wrong or cut)",
+                            code="ledger_truncated")
+    if len(header) < 100:
+        raise RecordRefused(f"{path} is cut short inside its header ({size} bytes)",
+                            code="ledger_truncated")
+    wal = Path(f"{path}-wal")
+    wal_has_content = wal.is_file() and wal.stat().st_size > 0
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    size_is_valid = header[24:28] == header[92:96]
+    # Pages may still sit in the WAL (a checkpoint cut by a crash); only judge the file alone.
+    if size_is_valid and not wal_has_content and size < pages * page_size:
+        raise RecordRefused(f"{path} is cut short: {size} bytes, its header says "
+                            f"{pages} pages of {page_size}", code="ledger_truncated")
+    return wal_has_content
+
+
+def _connect_readonly(path: Path) -> tuple[sqlite3.Connection, bool]:
+    """A connection that cannot write; also whether committed events in the WAL were skipped.
+
+    ``mode=ro`` reads the write-ahead log, but SQLite then creates ``-wal`` and
+    ``-shm`` files if they are missing, and needs them to exist or the folder
+    to be writable. So ``mode=ro`` is used only when both files are already
+    there (a Host has the record open, or died); otherwise ``immutable=1``,
+    which reads the database file alone and touches nothing.
+    """
+    wal_has_content = _check_file(path)
+    both = Path(f"{path}-wal").is_file() and Path(f"{path}-shm").is_file()
+    target = "file:" + urllib.parse.quote(os.path.abspath(path))
+    modes = ["mode=ro", "immutable=1"] if both else ["immutable=1"]
+    last: sqlite3.Error | None = None
+    for mode in modes:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(f"{target}?{mode}", uri=True, check_same_thread=False,
+                                   isolation_level=None, timeout=30.0)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only = 1")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn, wal_has_content and mode == "immutable=1"
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            error = _read_error(exc, f"open {path} read-only")
+            if isinstance(error, RecordRefused):
+                raise error from exc
+            last = exc
+    raise RecordRefused(f"cannot open {path} read-only: {last}", code="record_unreadable")
+
+
+def _add_mac_column(conn: sqlite3.Connection) -> None:
+    """Give a ledger from before MACs its ``mac`` column (NULL for the events already there)."""
+    def has_mac() -> bool:
+        return any(r[1] == "mac" for r in conn.execute("PRAGMA table_info(events)"))
+
+    if has_mac():
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not has_mac():  # another writer may have added it meanwhile
+            conn.execute("ALTER TABLE events ADD COLUMN mac TEXT")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+# --------------------------------------------------------------------------- SQLite ledger
+
+
 class SQLiteLedger:
     """The embedded ledger: one SQLite file in WAL mode.
 
     One connection, guarded by a lock, serves every thread of a Host. Appends run
-    in ``BEGIN IMMEDIATE`` so several Hosts sharing one record keep one chain.
-    ``synchronous=NORMAL`` in WAL mode: a commit survives the Host being killed;
-    only a power loss can lose the last transactions (see docs/record.md).
+    in ``BEGIN IMMEDIATE`` so several Hosts sharing one record keep one chain;
+    each checks, in that transaction, that whatever other writers appended since
+    its known head chains on and carries a valid MAC (:class:`ForeignEventError`
+    otherwise). ``synchronous=NORMAL`` in WAL mode: a commit survives the Host
+    being killed; only a power loss can lose the last transactions (see
+    docs/record.md).
+
+    A writer (the default) creates the schema and the record key if they are
+    missing and refuses a ledger whose chain is broken (``chain_broken``) or
+    that holds events its key does not vouch for (:class:`ForeignEventError`).
+    :meth:`open_readonly` opens a reader that never writes.
     """
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, *, readonly: bool = False) -> None:
         self.path = None if path is None else Path(path)
+        self.readonly = readonly
+        #: True when a reader could not read the write-ahead log and saw only the main file.
+        self.wal_skipped = False
+        self._lock = threading.RLock()
+        self._key: bytes | None = None
+        self._known: Head | None = None
+        if readonly:
+            if self.path is None:
+                raise RecordRefused("an in-memory ledger cannot be opened read-only",
+                                    code="record_missing")
+            self._conn, self.wal_skipped = _connect_readonly(self.path)
+            return
         try:
             self._conn = _connect(":memory:" if path is None else str(path))
+        except sqlite3.Error as exc:
+            raise RecordError(f"cannot open the ledger at {path}: {exc}") from exc
+        try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(SCHEMA)
+            _add_mac_column(self._conn)
+            self._key = (os.urandom(KEY_BYTES) if self.path is None
+                         else _writer_key(self.path.parent, self._conn))
+            self._check_before_writing()
         except sqlite3.DatabaseError as exc:
+            self._conn.close()
             raise RecordError(f"cannot open the ledger at {path}: {exc}") from exc
-        self._lock = threading.RLock()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> SQLiteLedger:
+        """Open ``path`` for reading only: no table is created, no pragma changes the file,
+        no ``-wal``/``-shm`` file is left that was not there.
+
+        Raises RecordRefused: ``record_missing`` (no file), ``ledger_empty`` (zero
+        bytes), ``ledger_truncated`` (not a SQLite database, or cut short),
+        ``record_unreadable``. A ledger with no events table opens; callers check
+        :meth:`has_table`.
+        """
+        return cls(path, readonly=True)
+
+    def _check_before_writing(self) -> None:
+        """Refuse to extend a broken or forged chain; remember its head as known."""
+        assert self._key is not None  # set just before, in __init__
+        self._conn.execute("BEGIN")  # one snapshot: no writer can slip in between the checks
+        try:
+            problems = check_chain(self)
+            if problems:
+                more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+                raise RecordRefused(
+                    f"the ledger's hash chain is broken ({problems[0]}{more}); it will not be "
+                    f"extended. Run `host-kernel audit {self._folder()}`", code="chain_broken")
+            forged = check_macs(self, self._key)
+            if forged:
+                raise ForeignEventError(_foreign_message(forged, self._folder()), problems=forged)
+            self._known = self.head()
+        finally:
+            self._conn.execute("COMMIT")
+
+    def _folder(self) -> str:
+        return "RECORD" if self.path is None else str(self.path.parent)
 
     # -- writing
 
     def append(self, session: str, kind: str, body: dict[str, Any]) -> Event:
+        """Append one event and fold it into the projections, in one transaction.
+
+        Raises ForeignEventError, appending nothing, when events after this
+        ledger's known head break the chain or lack a valid MAC.
+        """
+        if self.readonly or self._key is None:
+            raise RecordRefused(f"the ledger at {self.path} was opened read-only",
+                                code="record_readonly")
+        key = self._key
         text = canonical_json(body)
         with self._lock:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
-                seq, prev = (1, GENESIS) if row is None else (row["seq"] + 1, row["hash"])
+                tail = None if row is None else Head(row["seq"], row["hash"])
+                if tail != self._known:
+                    self._accept_others(conn, key, tail)
+                seq, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
                 ts = time.time()
                 digest = event_hash(prev, seq, session, ts, kind, text)
                 conn.execute(
-                    "INSERT INTO events VALUES (?,?,?,?,?,?,?)",
-                    (seq, session, ts, kind, text, prev, digest),
+                    f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                    (seq, session, ts, kind, text, prev, digest, event_mac(key, digest)),
                 )
                 project(conn, seq, session, ts, kind, body)
                 conn.execute("COMMIT")
@@ -287,9 +633,63 @@ class SQLiteLedger:
                 if isinstance(exc, sqlite3.Error):
                     raise RecordError(f"cannot append {kind} to the ledger: {exc}") from exc
                 raise
+            self._known = Head(seq, digest)
         return Event(seq, session, ts, kind, body, prev, digest)
 
+    def _accept_others(self, conn: sqlite3.Connection, key: bytes, tail: Head | None) -> None:
+        """Take events other writers appended after the known head, if a key holder wrote
+        each one and the chain runs on unbroken; else raise ForeignEventError."""
+        known_seq, known_hash = self._known if self._known is not None else (0, GENESIS)
+        problems: list[ChainProblem] = []
+        if known_seq:
+            row = conn.execute("SELECT hash FROM events WHERE seq = ?", (known_seq,)).fetchone()
+            if row is None or row["hash"] != known_hash:
+                problems.append(ChainProblem(known_seq, "this ledger wrote or checked it, and it "
+                                                        "is now gone or changed"))
+        if tail is not None and tail.seq < known_seq:
+            problems.append(ChainProblem(tail.seq, f"the ledger now ends here, before event "
+                                                   f"{known_seq} (events removed)"))
+        prev, expected = known_hash, known_seq + 1
+        for r in conn.execute(f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > ? ORDER BY seq",
+                              (known_seq,)):
+            seq = r["seq"]
+            if seq != expected:
+                problems.append(ChainProblem(seq, f"sequence jumps from {expected - 1} to {seq}"))
+            if r["prev"] != prev:
+                problems.append(ChainProblem(seq, "previous-hash link does not match the event "
+                                                  "before"))
+            if event_hash(r["prev"], seq, r["session"], r["ts"], r["kind"], r["body"]) != r["hash"]:
+                problems.append(ChainProblem(seq, "content does not match its hash"))
+            if r["mac"] is None:
+                problems.append(ChainProblem(seq, "has no MAC (not written by a holder of the "
+                                                  "record key)"))
+            elif not _mac_ok(key, r["hash"], r["mac"]):
+                problems.append(ChainProblem(seq, "its MAC does not match the record key"))
+            prev, expected = r["hash"], seq + 1
+        if problems:
+            raise ForeignEventError(_foreign_message(problems, self._folder()) +
+                                    "; nothing was appended", problems=problems)
+        self._known = tail
+
     # -- reading
+
+    def head(self) -> Head | None:
+        """The ledger's last event now, as ``Head(seq, hash)``; None when it has none.
+
+        This reads the file: with several writers it may be another writer's event.
+        :attr:`known_head` is the last one this object wrote or checked.
+        """
+        rows = self.query("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1")
+        return Head(rows[0]["seq"], rows[0]["hash"]) if rows else None
+
+    @property
+    def known_head(self) -> Head | None:
+        """The last event this writer appended or verified (no I/O); None before any."""
+        return self._known
+
+    def has_table(self, name: str) -> bool:
+        return bool(self.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (name,)))
 
     def events(self, session: str | None = None) -> Iterator[Event]:
         sql = "SELECT * FROM events"
@@ -306,20 +706,34 @@ class SQLiteLedger:
             try:
                 return self._conn.execute(sql, tuple(params)).fetchall()
             except sqlite3.Error as exc:
-                raise RecordError(f"cannot read the ledger: {exc}") from exc
+                raise _read_error(exc, "read the ledger") from exc
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> SQLiteLedger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
+def _foreign_message(problems: Sequence[ChainProblem], folder: str) -> str:
+    seqs = sorted({p.seq for p in problems})
+    shown = ", ".join(map(str, seqs[:10])) + (f" and {len(seqs) - 10} more" if len(seqs) > 10
+                                              else "")
+    return (f"the ledger holds events that break its chain or that no holder of the record "
+            f"key wrote: event {shown} ({problems[0]}). Run `host-kernel audit {folder}`")
+
+
 # --------------------------------------------------------------------------- checks
+
+
+def _mac_select(ledger: Ledger) -> str:
+    """``mac``, or ``NULL AS mac`` for a ledger from before MACs (read-only, not migrated)."""
+    columns = ledger.query("SELECT name FROM pragma_table_info('events')")
+    return "mac" if any(r[0] == "mac" for r in columns) else "NULL AS mac"
 
 
 def check_chain(ledger: Ledger) -> list[ChainProblem]:
@@ -327,7 +741,8 @@ def check_chain(ledger: Ledger) -> list[ChainProblem]:
     problems: list[ChainProblem] = []
     prev = GENESIS
     expected_seq = 1
-    for row in ledger.query("SELECT * FROM events ORDER BY seq"):
+    for row in ledger.query("SELECT seq, session, ts, kind, body, prev, hash FROM events "
+                            "ORDER BY seq"):
         seq = row["seq"]
         if seq != expected_seq:
             problems.append(ChainProblem(seq, f"sequence jumps from {expected_seq - 1} to {seq}"
@@ -343,25 +758,56 @@ def check_chain(ledger: Ledger) -> list[ChainProblem]:
     return problems
 
 
+def check_macs(ledger: Ledger, key: bytes) -> list[ChainProblem]:
+    """Every event whose MAC the record key does not vouch for (empty when all do).
+
+    Events with no MAC are accepted only before the first event that has one:
+    they were written before the ledger had a ``mac`` column. A MAC-less event
+    after that, or a MAC that does not match, was not written by a key holder.
+    """
+    problems: list[ChainProblem] = []
+    seen_mac = False
+    for row in ledger.query(f"SELECT seq, hash, {_mac_select(ledger)} FROM events ORDER BY seq"):
+        mac = row["mac"]
+        if mac is None:
+            if seen_mac:
+                problems.append(ChainProblem(row["seq"], "has no MAC, though events before it "
+                                                         "do (not written by a holder of the "
+                                                         "record key)"))
+            continue
+        seen_mac = True
+        if not _mac_ok(key, row["hash"], mac):
+            problems.append(ChainProblem(row["seq"], "its MAC does not match the record key "
+                                                     "(not written by a holder of the key)"))
+    return problems
+
+
 def rebuild(ledger: Ledger) -> SQLiteLedger:
     """Replay the events alone into a fresh in-memory ledger's projections."""
     fresh = SQLiteLedger(None)
     conn = fresh._conn
-    conn.execute("BEGIN")
     seq = 0
     try:
-        for row in ledger.query("SELECT * FROM events ORDER BY seq"):
+        rows = ledger.query(f"SELECT seq, session, ts, kind, body, prev, hash, "
+                            f"{_mac_select(ledger)} FROM events ORDER BY seq")
+        conn.execute("BEGIN")
+        for row in rows:
             seq = row["seq"]
-            conn.execute("INSERT INTO events VALUES (?,?,?,?,?,?,?)", tuple(row))
+            conn.execute(f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                         tuple(row))
             body = json.loads(row["body"])
             if not isinstance(body, dict):
                 raise TypeError("body is not an object")
             project(conn, seq, row["session"], row["ts"], row["kind"], body)
+    except RecordError:
+        fresh.close()
+        raise
     except (sqlite3.Error, ValueError, KeyError, TypeError) as exc:
         fresh.close()
         raise RecordError(f"event {seq} cannot be replayed ({type(exc).__name__}: {exc}); "
                           f"the record was altered") from exc
     conn.execute("COMMIT")
+    fresh._known = fresh.head()
     return fresh
 
 

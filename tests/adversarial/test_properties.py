@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from host_kernel._paths import default_record_dir
 from host_kernel import Host
 from host_kernel.store.ledger import check_chain
 
@@ -105,7 +106,7 @@ def _final(lines: list[dict[str, Any]]) -> dict[str, Any]:
 def _no_partial_files(root: Path) -> None:
     leftovers = [p for p in root.rglob(".*.tmp") if ".host_kernel" not in p.parts]
     assert leftovers == []
-    assert list((root / ".host_kernel" / "tmp").iterdir()) == []
+    assert list((default_record_dir(root) / "tmp").iterdir()) == []
 
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,

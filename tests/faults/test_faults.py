@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from host_kernel import Host
+from host_kernel._paths import default_record_dir
 from host_kernel.audit import audit
 from host_kernel.store.ledger import SQLiteLedger, check_chain
 
@@ -120,7 +121,8 @@ def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-un
             proc.kill()
             proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
-    # ipykernel polls its parent: the orphaned kernel exits on its own.
+    # The sandbox's init sees the Host's end of its socket close and takes the kernel
+    # down; unconfined, ipykernel polls its parent and exits on its own.
     _wait(lambda: _gone(info["kernel"]), 15, "the orphaned kernel to exit")
     shutil.rmtree(runtime)
     return info  # type: ignore[no-any-return]
@@ -131,20 +133,20 @@ def test_host_killed_mid_save_artifact_leaves_nothing_partial(workdir: Path) -> 
     with open(big, "wb") as f:
         for _ in range(64):
             f.write(os.urandom(4 << 20))  # 256 MiB
-    tmp = workdir / ".host_kernel" / "tmp"
+    tmp = default_record_dir(workdir) / "tmp"
     _killed_host(workdir, "save", lambda: tmp.is_dir() and any(
         p.name.startswith("put-") and p.stat().st_size > 0 for p in tmp.iterdir()))
-    blobs = workdir / ".host_kernel" / "blobs" / "sha256"
+    blobs = default_record_dir(workdir) / "blobs" / "sha256"
     assert not any(p.is_file() for p in blobs.rglob("*"))  # no partial blob is visible
     assert any(tmp.iterdir())  # the abandoned partial copy, until the next Host sweeps it
-    with SQLiteLedger(workdir / ".host_kernel" / "ledger.sqlite") as ledger:
+    with SQLiteLedger(default_record_dir(workdir) / "ledger.sqlite") as ledger:
         assert check_chain(ledger) == []
     with Host(workdir) as again:
         assert list(tmp.iterdir()) == []
         assert again.execute("a = host.save_artifact('big.bin'); print(a.size)").status == "ok"
-    report = audit(workdir / ".host_kernel")
+    report = audit(default_record_dir(workdir))
     assert report.clean, [str(f) for f in report.findings]
-    with SQLiteLedger(workdir / ".host_kernel" / "ledger.sqlite") as ledger:
+    with SQLiteLedger(default_record_dir(workdir) / "ledger.sqlite") as ledger:
         ended = ledger.query("SELECT body FROM events WHERE kind = 'session_ended'")
         reasons = [json.loads(r["body"]).get("reason") for r in ended]
         assert "host_died" in reasons
@@ -153,7 +155,7 @@ def test_host_killed_mid_save_artifact_leaves_nothing_partial(workdir: Path) -> 
 
 
 def test_host_killed_in_a_burst_of_events_keeps_a_consistent_ledger(workdir: Path) -> None:
-    db = workdir / ".host_kernel" / "ledger.sqlite"
+    db = default_record_dir(workdir) / "ledger.sqlite"
 
     def busy() -> bool:
         if not db.exists():
@@ -169,7 +171,7 @@ def test_host_killed_in_a_burst_of_events_keeps_a_consistent_ledger(workdir: Pat
     assert (workdir / writes["path"]).exists()
     with Host(workdir) as again:
         assert again.execute("print(1)").status == "ok"
-    assert audit(workdir / ".host_kernel").clean
+    assert audit(default_record_dir(workdir)).clean
 
 
 # -- the disk -----------------------------------------------------------------------------------

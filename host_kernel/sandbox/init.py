@@ -1,0 +1,303 @@
+"""The sandbox's first process: namespaces, ``/proc``, Landlock, then the kernel.
+
+Run by the Host as ``python -I -m host_kernel.sandbox.init --control FD -- ARGV…``
+(jupyter_client launches it in place of the kernel). It owns, in order:
+
+1. **Launcher** (in the Host's PID namespace): reads the session's policy from
+   the control socket, then ``unshare``s a user, mount and PID namespace,
+   mapping the user to itself (no new privilege outside), and forks. It waits
+   for its child and exits with its status, so jupyter_client sees one process
+   whose life is the kernel's.
+2. **Init** (PID 1 of the new namespace): mounts a fresh ``/proc`` that shows
+   only the sandbox's processes (the Host, its pid and its environment block are
+   not there to read), builds the Landlock ruleset once, and starts the kernel.
+3. **Spawner**: serves the Host's requests over the control socket (a
+   socketpair nobody else holds): start a command (``host.bash``) with the
+   file descriptors the Host passes, each in a new Landlock domain of its own;
+   signal a command's process group; report each exit. It reaps every
+   orphan, as an init must.
+
+Each child is confined between fork and exec: parent-death signal, session,
+cwd, standard streams, default signal dispositions, ``no_new_privs`` and
+``landlock_restrict_self``, every other descriptor closed, then ``execve``.
+Init itself is trusted code and is not Landlocked; no confined process can
+ptrace it, signal it (Landlock scopes, ABI 6) or reach its control socket.
+
+When the namespaces cannot be made (no unprivileged user namespaces, or a
+``/proc`` that may not be mounted again), the launcher serves as spawner itself
+and says why in its hello: confinement is then Landlock alone.
+
+This module imports little on purpose (no json, socket or signal wrappers: their
+enum imports cost more than the rest of the start): it is on the path of every
+kernel start. Messages are ``marshal``-ed dicts; both ends run the same interpreter.
+"""
+
+from __future__ import annotations
+
+import _signal
+import _socket
+import array
+import ctypes
+import marshal
+import os
+import select
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+_PR_SET_PDEATHSIG = 1
+_MAX_MSG = 1 << 20
+_MAX_FDS = 8
+_SIGKILL = _signal.SIGKILL
+#: In the kernel's command line, replaced by the spawner's own pid (the kernel's parent).
+SPAWNER_PID = "@SPAWNER_PID@"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _unshare() -> None:
+    """A user, mount and PID namespace for our children, the user mapped to itself."""
+    uid, gid = os.geteuid(), os.getegid()
+    _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID), "unshare")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def _mount_proc() -> None:
+    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    _check(_libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
+           "mount proc")
+
+
+def _send(ctl: Any, message: dict[str, Any]) -> None:
+    try:
+        ctl.send(marshal.dumps(message))
+    except OSError:
+        pass  # the Host is gone; the loop sees EOF next
+
+
+def _recv(ctl: Any) -> tuple[bytes, list[int]]:
+    data, ancdata, _, _ = ctl.recvmsg(_MAX_MSG, _socket.CMSG_SPACE(_MAX_FDS * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            ints = array.array("i")
+            ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
+            fds += list(ints)
+    return data, fds
+
+
+def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
+                ruleset_fd: int, new_session: bool) -> None:
+    """In the forked child: confine, then exec. Never returns."""
+    try:
+        _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        if new_session:
+            os.setsid()
+        os.chdir(cwd)
+        for target, fd in enumerate(fds[:3]):
+            if fd != target:
+                os.dup2(fd, target)
+        _signal.set_wakeup_fd(-1)
+        for sig in (_signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD,
+                    _signal.SIGTERM, _signal.SIGHUP):
+            _signal.signal(sig, _signal.SIG_DFL)
+        if ruleset_fd >= 0:
+            from .landlock import restrict_self
+            restrict_self(ruleset_fd)
+        os.closerange(3, 1 << 20)
+        os.execvpe(argv[0], argv, env)
+    except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
+        try:
+            os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+    os._exit(127)
+
+
+class _Spawner:
+    """The request loop: start confined commands, signal them, report their exits."""
+
+    def __init__(self, ctl: Any, ruleset_fd: int) -> None:
+        self.ctl = ctl
+        self.ruleset_fd = ruleset_fd
+        self.children: set[int] = set()
+        self.main_pid = -1
+
+    def spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
+              new_session: bool) -> int:
+        pid = os.fork()
+        if pid == 0:
+            _exec_child(argv, cwd, env, fds, self.ruleset_fd, new_session)
+        return pid
+
+    def serve(self, kernel_argv: list[str]) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        _signal.set_wakeup_fd(wake_w)
+        _signal.signal(_signal.SIGCHLD, lambda *_: None)
+        me = str(os.getpid())
+        kernel_argv = [a.replace(SPAWNER_PID, me) for a in kernel_argv]
+        self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
+                                   new_session=False)
+        ctl_fd = self.ctl.fileno()
+        while True:
+            try:
+                ready, _, _ = select.select([ctl_fd, wake_r], [], [])
+            except InterruptedError:
+                continue
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                code = self._reap()
+                if code is not None:
+                    return code
+            if ctl_fd in ready and not self._request():
+                return self._shutdown()
+
+    def _reap(self) -> int | None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                return None
+            code = os.waitstatus_to_exitcode(status)
+            if pid == self.main_pid:
+                self._kill_children()
+                return code
+            if pid in self.children:
+                self.children.discard(pid)
+                _send(self.ctl, {"exit": pid, "code": code})
+
+    def _request(self) -> bool:
+        try:
+            data, fds = _recv(self.ctl)
+        except OSError:
+            return False
+        if not data:
+            return False
+        try:
+            msg = marshal.loads(data)
+            op = msg.get("op")
+            if op == "spawn":
+                try:
+                    pid = self.spawn(msg["argv"], msg["cwd"], msg["env"], fds, new_session=True)
+                    self.children.add(pid)
+                    _send(self.ctl, {"id": msg["id"], "pid": pid})
+                except OSError as exc:
+                    _send(self.ctl, {"id": msg["id"], "error": str(exc)})
+            elif op == "kill":
+                pid, sig = int(msg["pid"]), int(msg["sig"])
+                if pid in self.children:
+                    try:
+                        os.killpg(pid, sig)
+                    except OSError:
+                        pass
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _kill_children(self) -> None:
+        for pid in list(self.children):
+            try:
+                os.killpg(pid, _SIGKILL)
+            except OSError:
+                pass
+
+    def _shutdown(self) -> int:
+        """The Host is gone (control socket closed): take everything down."""
+        self._kill_children()
+        if self.main_pid > 0:
+            try:
+                os.kill(self.main_pid, _SIGKILL)
+            except OSError:
+                pass
+        return 137
+
+
+def _relay(child: int) -> int:
+    """The launcher after the fork: wait for init and pass its exit status on."""
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    return os.waitstatus_to_exitcode(status)
+
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def _ruleset(setup: dict[str, Any]) -> int:
+    from .landlock import Ruleset
+
+    ruleset = Ruleset(int(setup["abi"]), network=bool(setup["network"]))
+    for path, access in setup["rules"]:
+        ruleset.allow(path, access)
+    return ruleset.fd
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[0] != "--control" or argv[2] != "--":
+        sys.stderr.write("usage: python -m host_kernel.sandbox.init --control FD -- ARGV...\n")
+        return 2
+    ctl = _socket.socket(fileno=int(argv[1]))
+    kernel_argv = argv[3:]
+    # Interrupts are for the kernel: jupyter_client signals the whole process group.
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    setup = marshal.loads(ctl.recv(_MAX_MSG))
+    reason = None
+    namespaces = False
+    if setup.get("namespaces", True):
+        try:
+            _unshare()
+            namespaces = True
+        except OSError as exc:
+            reason = str(exc)
+    if namespaces:
+        child = os.fork()
+        if child:
+            ctl.close()
+            return _exit_code(_relay(child))
+        _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        try:
+            _mount_proc()
+        except OSError as exc:
+            reason = f"{exc}; /proc still shows the Host"
+            namespaces = False
+    ruleset_fd = _ruleset(setup)
+    _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason})
+    return _exit_code(_Spawner(ctl, ruleset_fd).serve(kernel_argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,186 @@
+"""What a confined process may touch: the paths, rights and switches of one session.
+
+Owns the decision, not the enforcement: the Host builds a :class:`Policy` for a
+session (workspace, private folder, record, network), the sandbox's init process
+turns it into a Landlock ruleset (host_kernel/sandbox/landlock.py), and the
+session's start event records it rule by rule.
+
+Reads are broad (scientists read data from anywhere) **except** the places that
+would let confined code reach past its session: the record folders, the temp
+root where every Host keeps its runtime folder (connection files hold the HMAC
+keys of other kernels), Jupyter's runtime folder (the connection files of the
+user's ordinary, unconfined kernels) and ``$XDG_RUNTIME_DIR``. Landlock cannot
+deny a sub-folder of a granted tree, so "everything but X" is granted as the
+siblings of X and of each of its ancestors (:func:`readable_roots`).
+Writes are narrow: the workspace, the session's private folder, and the shared
+memory and terminal devices programs expect.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Policy", "readable_roots", "hidden_paths"]
+
+#: Device files any program may open for reading and writing.
+DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                "/dev/tty", "/dev/ptmx")
+#: Shared folders that need writes for ordinary programs (POSIX semaphores, ptys).
+SHARED_WRITABLE = ("/dev/shm", "/dev/pts")
+
+
+def _real(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(os.fspath(path))
+
+
+def hidden_paths(records: Iterable[str | os.PathLike[str]] = ()) -> list[str]:
+    """Folders confined code may not even read: records, runtime folders, temp roots."""
+    out = [_real(p) for p in records]
+    out.append(_real(tempfile.gettempdir()))
+    out += ["/tmp", "/var/tmp"]
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+        out.append(_real(jupyter_runtime_dir()))
+    except Exception:  # noqa: BLE001 - jupyter_core missing or misconfigured: nothing to hide
+        pass
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        out.append(_real(runtime))
+    from .._paths import records_home
+    out.append(_real(records_home()))
+    seen: list[str] = []
+    for p in out:
+        if p != "/" and p not in seen:
+            seen.append(p)
+    return seen
+
+
+def readable_roots(hidden: Sequence[str], root: str = "/") -> list[str]:
+    """The largest folders under ``root`` that contain none of ``hidden``.
+
+    A folder holding a hidden path is split into its entries, recursively, so the
+    result grants everything except the hidden folders themselves.
+    """
+    hidden_set = {h.rstrip("/") or "/" for h in hidden}
+    if root in hidden_set:
+        return []
+    prefix = root.rstrip("/") + "/"
+    if not any(h.startswith(prefix) for h in hidden_set):
+        return [root]
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return []
+    out: list[str] = []
+    for name in entries:
+        child = prefix + name
+        if os.path.islink(child):
+            # A symlink's target is granted (or not) on its own; granting the
+            # link would grant wherever it points, including a hidden folder.
+            target = _real(child)
+            if not any(target == h or target.startswith(h.rstrip("/") + "/") or
+                       h.startswith(target.rstrip("/") + "/") for h in hidden_set):
+                out.append(child)
+            continue
+        out += readable_roots(sorted(hidden_set), child)
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The rights of every process confined for one session (kernel and commands alike)."""
+
+    workspace: str
+    #: Folders beneath which confined code may write (the workspace first).
+    writable: tuple[str, ...]
+    #: Folders and files confined code may read and execute.
+    readable: tuple[str, ...]
+    #: Single files confined code may read (e.g. its connection file).
+    readable_files: tuple[str, ...] = ()
+    #: Folders confined code may not read at all (recorded; enforced by omission).
+    hidden: tuple[str, ...] = ()
+    network: bool = True
+    #: Where the interpreter is installed (recorded, and checked to be read-only).
+    interpreter: tuple[str, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def for_session(cls, workspace: str | os.PathLike[str], private: str | os.PathLike[str],
+                    records: Sequence[str | os.PathLike[str]], *, network: bool = True,
+                    extra_read: Sequence[str | os.PathLike[str]] = (),
+                    extra_write: Sequence[str | os.PathLike[str]] = ()) -> Policy:
+        ws = _real(workspace)
+        hidden = hidden_paths(records)
+        readable = readable_roots(hidden)
+        interpreter = sorted({_real(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                                 os.path.dirname(_real(sys.executable)))})
+        # The interpreter and its packages must be readable even when they live in a
+        # hidden tree (a venv under /tmp, as CI makes one).
+        extras = list(interpreter) + [p for p in sys.path if p and os.path.isdir(p)]
+        for extra in [_real(p) for p in extras + list(extra_read)]:
+            # Never re-grant a hidden folder, or a folder holding one, through the back door.
+            if not any(h == extra or h.startswith(extra.rstrip("/") + "/") for h in hidden):
+                readable.append(extra)
+        writable = [ws, _real(private)] + [_real(p) for p in extra_write]
+        return cls(workspace=ws, writable=tuple(dict.fromkeys(writable)),
+                   readable=tuple(dict.fromkeys(readable)), hidden=tuple(hidden),
+                   network=network, interpreter=tuple(interpreter))
+
+    def with_generation(self, folder: str | os.PathLike[str],
+                        connection_file: str | os.PathLike[str]) -> Policy:
+        """This policy plus one kernel generation's own socket folder."""
+        return Policy(self.workspace, self.writable + (_real(folder),), self.readable,
+                      self.readable_files + (_real(connection_file),), self.hidden,
+                      self.network, self.interpreter)
+
+    def interpreter_writable(self) -> list[str]:
+        """Parts of the interpreter's installation that a writable folder covers."""
+        out = []
+        for inst in self.interpreter:
+            for w in self.writable:
+                if inst == w or inst.startswith(w.rstrip("/") + "/"):
+                    out.append(inst)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workspace": self.workspace, "writable": list(self.writable),
+                "readable": list(self.readable), "readable_files": list(self.readable_files),
+                "hidden": list(self.hidden), "network": self.network,
+                "interpreter": list(self.interpreter)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Policy:
+        return cls(workspace=data["workspace"], writable=tuple(data["writable"]),
+                   readable=tuple(data["readable"]),
+                   readable_files=tuple(data.get("readable_files", ())),
+                   hidden=tuple(data.get("hidden", ())), network=bool(data.get("network", True)),
+                   interpreter=tuple(data.get("interpreter", ())))
+
+
+def ruleset_spec(policy: Policy) -> list[tuple[str, int]]:
+    """``(path, Landlock rights)`` for every rule of ``policy``, in the order init adds them.
+
+    Plain data, so the sandbox's init process needs no import but ``landlock``.
+    """
+    from . import landlock as ll
+
+    spec = [(p, ll.FS_READ) for p in policy.readable]
+    spec += [(p, ll.READ_FILE) for p in policy.readable_files]
+    spec += [(p, ll.FS_WRITE) for p in policy.writable + SHARED_WRITABLE]
+    spec += [(p, ll.READ_FILE | ll.WRITE_FILE | ll.IOCTL_DEV) for p in DEVICE_FILES]
+    return spec
+
+
+def rules_for_record(policy: Policy, abi: int) -> list[dict[str, Any]]:
+    """Every rule the ruleset of ``policy`` applies, as plain data for the start event."""
+    rules: list[dict[str, Any]] = [{"path": p, "access": "read"} for p in policy.readable
+                                   if os.path.exists(p)]
+    rules += [{"path": p, "access": "read_file"} for p in policy.readable_files]
+    rules += [{"path": p, "access": "write"} for p in policy.writable]
+    rules += [{"path": p, "access": "write"} for p in SHARED_WRITABLE if os.path.exists(p)]
+    rules += [{"path": p, "access": "device"} for p in DEVICE_FILES if os.path.exists(p)]
+    return rules

@@ -1,0 +1,174 @@
+"""Readers that verify: a record checked end to end before anything in it is shown.
+
+Owns :func:`open_verified`, the one way a reader (``host-kernel lineage``,
+``receipt``, ``export``, and any later viewer) opens a record: read-only, the
+hash chain checked, every MAC checked when the record key can be read, the
+projection rebuilt from the events alone and compared with the projection
+tables on disk. It hands back only the rebuilt projection, so a stored value
+that disagrees with the events is never shown; it refuses the record instead,
+with a :class:`~host_kernel.store.ledger.RecordRefused` whose ``code`` says
+why. It also owns :func:`projection_drift`, the comparison that ``audit``
+reports finding by finding, and :func:`record_folder`, how a reader turns the
+path it was given (a record folder or a workspace) into a record folder.
+
+It never writes the record. It does not check blobs or re-verify submissions;
+``host_kernel.audit`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import RecordError
+from .._paths import LEDGER_NAME, LEGACY_RECORD_NAME, default_record_dir, find_record
+from .ledger import (
+    PROJECTION_TABLES,
+    Ledger,
+    RecordRefused,
+    SQLiteLedger,
+    check_chain,
+    check_macs,
+    load_record_key,
+    rebuild,
+)
+
+__all__ = ["Drift", "event_count", "open_verified", "projection_drift", "record_folder"]
+
+
+def record_folder(path: str | Path) -> Path:
+    """The record folder ``path`` names: a record folder itself, or a workspace whose record
+    is at its default place (outside it) or in its legacy ``.host_kernel`` folder.
+
+    Raises RecordRefused (``record_missing``) when ``path`` is a file or there is
+    no ledger in any of those places.
+    """
+    root = Path(path)
+    if root.is_file():
+        raise RecordRefused(f"{path} is a file, not a record folder or a workspace",
+                            code="record_missing")
+    found = find_record(root)
+    if found is None:
+        raise RecordRefused(f"no record at {path}: no {LEDGER_NAME} in it, in its default "
+                            f"record folder {default_record_dir(root)}, or in "
+                            f"{root / LEGACY_RECORD_NAME}", code="record_missing")
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One projection row on disk that the events do not produce as stored."""
+
+    table: str
+    key: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.table} {self.key}: {self.problem}"
+
+
+def _key_text(values: tuple[Any, ...]) -> str:
+    return "/".join(str(v) for v in values)
+
+
+def _table_rows(ledger: Ledger, table: str, key: str) -> dict[tuple[Any, ...],
+                                                              dict[str, Any]] | None:
+    if not ledger.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (table,)):
+        return None
+    names = [k.strip() for k in key.split(",")]
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in ledger.query(f"SELECT * FROM {table} ORDER BY {key}"):
+        values = dict(zip(row.keys(), tuple(row), strict=True))
+        rows[tuple(values[n] for n in names)] = values
+    return rows
+
+
+def projection_drift(stored: Ledger, rebuilt: Ledger) -> list[Drift]:
+    """Every difference between the projection tables of ``stored`` and of ``rebuilt``.
+
+    Names the table, the row's key and the columns that differ, never the
+    values (a drifted value is not to be shown as if it meant something).
+    """
+    found: list[Drift] = []
+    for table, key in PROJECTION_TABLES:
+        truth = _table_rows(rebuilt, table, key) or {}
+        disk = _table_rows(stored, table, key)
+        if disk is None:
+            if truth:
+                found.append(Drift(table, "*", "the table is missing from the ledger file"))
+            continue
+        for k in sorted(truth.keys() - disk.keys(), key=repr):
+            found.append(Drift(table, _key_text(k), "row missing on disk (the events have it)"))
+        for k in sorted(disk.keys() - truth.keys(), key=repr):
+            found.append(Drift(table, _key_text(k), "row on disk that no event produces"))
+        for k in sorted(disk.keys() & truth.keys(), key=repr):
+            want, have = truth[k], disk[k]
+            columns = sorted(c for c in want.keys() | have.keys() if want.get(c) != have.get(c)
+                             or (c in want) != (c in have))
+            if columns:
+                found.append(Drift(table, _key_text(k), f"stored {', '.join(columns)} "
+                                   f"differ{'s' if len(columns) == 1 else ''} from the events"))
+    return found
+
+
+def event_count(ledger: Ledger) -> int:
+    """How many events the ledger holds; 0 when it has no events table at all."""
+    if not ledger.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"):
+        return 0
+    return int(ledger.query("SELECT count(*) FROM events")[0][0])
+
+
+def _refuse(problems: list[Any], what: str, code: str, root: Path) -> RecordRefused:
+    more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return RecordRefused(f"{what} ({problems[0]}{more}); run `host-kernel audit {root}`",
+                         code=code)
+
+
+def open_verified(record_dir: str | Path) -> SQLiteLedger:
+    """The record's projection rebuilt from its checked events, in memory; the caller closes it.
+
+    Refuses, raising RecordRefused, with ``code``:
+
+    - ``record_missing``: no ``ledger.sqlite`` in ``record_dir``;
+    - ``ledger_empty``: a zero-byte ledger, or one with no events;
+    - ``ledger_truncated``: not a SQLite database, or damaged or cut short;
+    - ``chain_broken``: an event edited, inserted or deleted;
+    - ``event_unauthenticated``: an event whose MAC the record key does not vouch
+      for (checked only when ``record.key`` can be read);
+    - ``record_unreadable``: an event the projection cannot replay;
+    - ``projection_drift``: the projection tables on disk disagree with the events.
+    """
+    root = Path(record_dir)
+    with SQLiteLedger.open_readonly(root / LEDGER_NAME) as stored:
+        if event_count(stored) == 0:
+            raise RecordRefused(f"the ledger in {root} holds no events", code="ledger_empty")
+        problems = check_chain(stored)
+        if problems:
+            raise _refuse(problems, "the record's hash chain is broken", "chain_broken", root)
+        try:
+            key: bytes | None = load_record_key(root)
+        except RecordRefused:
+            key = None  # a reader that cannot read the key checks the chain only
+        if key is not None:
+            forged = check_macs(stored, key)
+            if forged:
+                raise _refuse(forged, "the record holds events no holder of its key wrote",
+                              "event_unauthenticated", root)
+        try:
+            rebuilt = rebuild(stored)
+        except RecordRefused:
+            raise
+        except RecordError as exc:
+            raise RecordRefused(exc.message, code="record_unreadable") from exc
+        try:
+            drift = projection_drift(stored, rebuilt)
+        except BaseException:
+            rebuilt.close()
+            raise
+    if drift:
+        rebuilt.close()
+        raise _refuse(drift, "the projection tables on disk disagree with the events",
+                      "projection_drift", root)
+    return rebuilt

@@ -1,0 +1,330 @@
+"""The trust boundary enforced by the OS: what confined cell code and commands cannot do.
+
+Every attempt runs in a real cell of a real kernel that the Host started inside
+its sandbox (Landlock, plus a user and PID namespace where the system allows).
+Where Landlock is missing the confined tests skip, loudly; the fake-missing
+tests run everywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from host_kernel import Host
+from host_kernel._errors import ConfinementError
+from host_kernel.sandbox.landlock import abi_version
+
+LANDLOCK = abi_version()
+needs_landlock = pytest.mark.skipif(
+    LANDLOCK < 1, reason="LANDLOCK UNAVAILABLE ON THIS MACHINE: the OS boundary cannot be tested")
+
+
+def _denied(host: Host, code: str) -> str:
+    """Run ``code``; it must fail with PermissionError. Returns the Observation's text."""
+    obs = host.execute(code)
+    assert obs.status == "error", obs.text
+    assert "PermissionError" in obs.text, obs.text
+    return obs.text
+
+
+@pytest.fixture
+def confined(host: Host) -> Host:
+    if not host.confinement or not host.confinement.active:
+        pytest.skip(f"CONFINEMENT NOT ACTIVE: {host.confinement}")
+    return host
+
+
+# -- the file system ----------------------------------------------------------------------------
+
+
+@needs_landlock
+def test_the_record_folder_cannot_be_written_or_even_read(confined: Host) -> None:
+    record = str(confined.record_dir)
+    text = _denied(confined, f"open({record + '/forged.txt'!r}, 'w')")
+    assert "confined by the operating system" in text  # the cell is told why
+    _denied(confined, f"open({record + '/ledger.sqlite'!r}, 'rb').read(16)")
+    _denied(confined, f"open({record + '/record.key'!r}, 'rb').read()")
+    assert not (confined.record_dir / "forged.txt").exists()
+
+
+@needs_landlock
+def test_site_packages_and_the_interpreter_are_read_only(confined: Host) -> None:
+    purelib = sysconfig.get_paths()["purelib"]
+    _denied(confined, f"open({purelib + '/evil.pth'!r}, 'w').write('import os')")
+    _denied(confined, f"open({sys.base_prefix + '/evil.txt'!r}, 'w')")
+    assert not Path(purelib, "evil.pth").exists()
+    # reading and importing from them is fine
+    assert confined.execute("import json, sqlite3; print('ok')").status == "ok"
+
+
+@needs_landlock
+def test_writes_outside_the_workspace_and_to_shared_tmp_are_denied(confined: Host,
+                                                                    workdir: Path) -> None:
+    outside = workdir.parent / "outside.txt"
+    _denied(confined, f"open({str(outside)!r}, 'w')")
+    _denied(confined, "open('/tmp/host-kernel-escape.txt', 'w')")
+    _denied(confined, "import os\nos.mkdir('/var/tmp/host-kernel-escape')")
+    assert not outside.exists() and not Path("/tmp/host-kernel-escape.txt").exists()
+    obs = confined.execute(
+        "import os, tempfile\n"
+        "p = os.path.join(tempfile.gettempdir(), 'scratch.txt')\n"
+        "open(p, 'w').write('x')\n"
+        "open('in-workspace.txt', 'w').write('y')\n"
+        "print(p.startswith(os.environ['TMPDIR']))")
+    assert obs.status == "ok" and obs.outputs[-1]["text"].strip() == "True"
+    assert (workdir / "in-workspace.txt").read_text() == "y"
+
+
+@needs_landlock
+def test_other_sessions_runtime_folders_are_hidden(confined: Host) -> None:
+    # Every Host's socket folder (with its kernels' connection files and HMAC keys)
+    # lives under the temp root; a confined kernel may not even list it.
+    runtime_parent = str(Path(confined._runtime_dir).parent)  # type: ignore[arg-type]
+    _denied(confined, f"import os\nos.listdir({runtime_parent!r})")
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+@needs_landlock
+def test_the_host_cannot_be_signalled_and_lives_on(confined: Host) -> None:
+    obs = confined.execute(
+        "import os, signal\n"
+        "for pid in (os.getppid(), 1):\n"
+        "    try:\n"
+        "        os.kill(pid, signal.SIGKILL)\n"
+        "        print('killed', pid)\n"
+        "    except (PermissionError, ProcessLookupError) as e:\n"
+        "        print('refused', type(e).__name__)\n"
+        f"try:\n    os.kill({os.getpid()}, signal.SIGKILL)\n"
+        "except (PermissionError, ProcessLookupError) as e:\n    print('refused', type(e).__name__)")
+    assert "killed" not in obs.text
+    assert obs.text.count("refused") == 3
+    assert confined.execute("print('still here')").outputs[0]["text"] == "still here\n"
+
+
+@needs_landlock
+def test_the_hosts_environment_cannot_be_read(confined: Host,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    obs = confined.execute(
+        f"try:\n    data = open('/proc/{os.getpid()}/environ', 'rb').read()\n"
+        "    print('READ', len(data))\n"
+        "except OSError as e:\n    print('refused', type(e).__name__)")
+    assert "READ" not in obs.text and "refused" in obs.text
+    if confined.confinement and confined.confinement.pid_namespace:
+        # In its own PID namespace the kernel sees only the sandbox's processes.
+        listing = confined.execute("import os\nprint(sorted(int(p) for p in os.listdir('/proc') "
+                                   "if p.isdigit()))")
+        pids = json.loads(listing.outputs[0]["text"])
+        assert os.getpid() not in pids and max(pids) < 1000
+
+
+@needs_landlock
+def test_the_hosts_llm_key_never_reaches_the_kernel(workdir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HK_TEST_LLM_KEY", "sk-host-only-0123456789")
+
+    class Config:
+        api_key_env = "HK_TEST_LLM_KEY"
+
+    class FakeLLM:
+        config = Config()
+
+    with Host(workdir, llm=FakeLLM()) as host:
+        obs = host.execute("import os\nprint(os.environ.get('HK_TEST_LLM_KEY'))\n"
+                           "r = host.bash('echo \"[$HK_TEST_LLM_KEY]\"')")
+        assert "None" in obs.text and "[]" in obs.text
+        started = json.loads(host.ledger.query(
+            "SELECT body FROM events WHERE kind = 'session_started'")[0]["body"])
+        assert "HK_TEST_LLM_KEY" not in started["kernel_env"]
+
+
+@needs_landlock
+def test_a_host_bash_command_is_confined_the_same_way(confined: Host, workdir: Path) -> None:
+    record = str(confined.record_dir)
+    obs = confined.execute(
+        f"r = host.bash('touch /tmp/hk-bash-escape; echo a; touch {record}/x; echo b; "
+        f"touch ok.txt; cat /proc/{os.getpid()}/environ; kill -9 {os.getpid()}; echo done')\n"
+        "print(r.exit_status)")
+    assert "Permission denied" in obs.text
+    assert not Path("/tmp/hk-bash-escape").exists() and not Path(record, "x").exists()
+    assert (workdir / "ok.txt").exists()
+    assert confined.execute("print(1)").status == "ok"  # the Host is alive
+
+
+# -- network --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+CONNECT = ("import socket\ns = socket.socket()\ns.settimeout(5)\n"
+           "try:\n    s.connect(('127.0.0.1', {port}))\n    print('connected')\n"
+           "except OSError as e:\n    print('refused', type(e).__name__)\nfinally:\n    s.close()")
+
+
+@pytest.mark.skipif(LANDLOCK < 4, reason="LANDLOCK ABI < 4: no network rules on this kernel")
+def test_network_false_denies_tcp_connect_and_is_recorded(workdir: Path, listener: int) -> None:
+    with Host(workdir, network=False) as host:
+        obs = host.execute(CONNECT.format(port=listener))
+        assert "refused PermissionError" in obs.text
+        bash = host.execute(f"r = host.bash('exec 3<>/dev/tcp/127.0.0.1/{listener}')\n"
+                            "print(r.exit_status)")
+        assert bash.outputs[-1]["text"].strip() != "0"
+        started = json.loads(host.ledger.query(
+            "SELECT body FROM events WHERE kind = 'session_started'")[0]["body"])
+        assert started["confinement"]["network"] is False
+
+
+@needs_landlock
+def test_network_is_allowed_by_default(confined: Host, listener: int) -> None:
+    assert "connected" in confined.execute(CONNECT.format(port=listener)).text
+
+
+# -- package installs -----------------------------------------------------------------------
+
+
+def _wheel(folder: Path) -> Path:
+    """A tiny pure-Python wheel, built here (no network, no build backend)."""
+    files = {"hk_tinypkg/__init__.py": b"VALUE = 42\n",
+             "hk_tinypkg-1.0.dist-info/METADATA":
+                 b"Metadata-Version: 2.1\nName: hk-tinypkg\nVersion: 1.0\n",
+             "hk_tinypkg-1.0.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                 b"Tag: py3-none-any\n"}
+
+    def row(name: str, data: bytes) -> str:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        return f"{name},sha256={digest},{len(data)}"
+
+    record = "\n".join(row(n, d) for n, d in files.items())
+    record += "\nhk_tinypkg-1.0.dist-info/RECORD,,\n"
+    path = folder / "hk_tinypkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("hk_tinypkg-1.0.dist-info/RECORD", record)
+    return path
+
+
+@needs_landlock
+def test_pip_install_lands_in_the_session_overlay_and_imports_next_cell(
+        confined: Host, workdir: Path) -> None:
+    wheel = _wheel(workdir)
+    obs = confined.execute(f"r = host.bash('python -m pip install --no-index --no-deps "
+                           f"{wheel.name}')\nprint('exit', r.exit_status)")
+    assert "exit 0" in obs.text, obs.text
+    imported = confined.execute("import hk_tinypkg, os\nprint(hk_tinypkg.VALUE)\n"
+                                "print(hk_tinypkg.__file__.startswith(os.environ['PIP_TARGET']))")
+    assert imported.outputs[0]["text"].split() == ["42", "True"]
+    purelib = sysconfig.get_paths()["purelib"]
+    assert not Path(purelib, "hk_tinypkg").exists()  # the base interpreter is untouched
+
+
+# -- where confinement is missing, or asked for ------------------------------------------------
+
+
+def test_without_landlock_the_first_observation_and_the_record_say_none(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
+    with Host(workdir) as host:
+        first = host.execute("print('hello')")
+        second = host.execute("print('again')")
+        assert "confinement: none" in first.text and "HOST_KERNEL_FAKE_NO_LANDLOCK" in first.text
+        assert "confinement: none" not in second.text  # said once
+        started = json.loads(host.ledger.query(
+            "SELECT body FROM events WHERE kind = 'session_started'")[0]["body"])
+        assert started["confinement"]["status"] == "none"
+        assert "HOST_KERNEL_FAKE_NO_LANDLOCK" in started["confinement"]["reason"]
+
+
+def test_require_confinement_refuses_to_start_without_landlock(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
+    host = Host(workdir, require_confinement=True)
+    with pytest.raises(ConfinementError, match="confinement is required"):
+        host.start()
+    assert host.kernel_pid is None
+
+
+@needs_landlock
+def test_a_record_inside_the_workspace_is_refused_when_confined(workdir: Path) -> None:
+    with pytest.raises(ConfinementError, match="inside the workspace"):
+        Host(workdir, record_dir=workdir / ".host_kernel").start()
+    assert not (workdir / ".host_kernel").exists()
+
+
+@needs_landlock
+def test_the_start_event_records_the_abi_and_every_rule(confined: Host) -> None:
+    started = json.loads(confined.ledger.query(
+        "SELECT body FROM events WHERE kind = 'session_started'")[0]["body"])
+    conf = started["confinement"]
+    assert conf["status"] == "landlock" and conf["abi"] == LANDLOCK
+    writable = {r["path"] for r in conf["rules"] if r["access"] == "write"}
+    assert str(confined.workdir) in writable
+    assert not any(str(confined.record_dir).startswith(p.rstrip("/") + "/") or
+                   str(confined.record_dir) == p for p in writable)
+    assert str(confined.record_dir) in conf["hidden"]
+    gen = json.loads(confined.ledger.query(
+        "SELECT body FROM events WHERE kind = 'generation_started'")[0]["body"])
+    assert gen["confinement"]["status"] == "landlock"
+    assert "HOST_KERNEL_RECORD" not in started["kernel_env"]
+
+
+@needs_landlock
+def test_interrupt_restart_and_kill_still_reach_the_confined_kernel(confined: Host) -> None:
+    obs = confined.execute("import time\ntime.sleep(30)", timeout=1)
+    assert obs.status == "timeout" and "KeyboardInterrupt" in obs.text
+    assert confined.execute("print('alive')").status == "ok"
+    assert confined.restart() == 2
+    died = confined.execute("import os\nos._exit(3)")
+    assert died.status == "kernel_died" and confined.generation == 3
+    assert confined.execute("print('new')").outputs[0]["text"] == "new\n"
+
+
+def test_the_head_is_returned_by_close_and_matches_the_ledger(workdir: Path) -> None:
+    host = Host(workdir).start()
+    host.execute("x = 1")
+    head = host.close()
+    from host_kernel.store.ledger import SQLiteLedger
+
+    ledger = SQLiteLedger.open_readonly(host.record_dir / "ledger.sqlite")
+    try:
+        assert ledger.head() is not None and ledger.head().hash == head  # type: ignore[union-attr]
+    finally:
+        ledger.close()
