@@ -336,6 +336,87 @@ def bench_start(plan: Plan) -> Result:
     return Result("start", a, b, 1.2, notes=(f"{n} starts each",))
 
 
+@contextlib.contextmanager
+def unconfined() -> Iterator[None]:
+    """Start Hosts in this block as if Landlock were missing (the documented test switch)."""
+    saved = os.environ.get("HOST_KERNEL_FAKE_NO_LANDLOCK")
+    os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"]
+        else:
+            os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"] = saved
+
+
+def _require_confined(host: Host) -> None:
+    if host.confinement is None or not host.confinement.active:
+        raise RuntimeError(f"confinement is not active here ({host.confinement}): the "
+                           f"confinement benchmarks compare confined against unconfined")
+
+
+@benchmark("confined_start", target=1.05,
+           ours="`Host.start()` confined (Landlock, user+PID namespace, sandbox init)",
+           baseline="`Host.start()` with confinement off (HOST_KERNEL_FAKE_NO_LANDLOCK=1)")
+def bench_confined_start(plan: Plan) -> Result:
+    n = plan.n(9, 3)
+    with scratch() as root:
+        runs = iter(range(10 * n + 10))
+
+        def start(confined: bool) -> float:
+            work = root / f"ws-{next(runs)}"
+            work.mkdir()
+            if confined:
+                host = Host(work)
+                elapsed = timed(host.start)
+                _require_confined(host)
+            else:
+                with unconfined():
+                    host = Host(work)
+                    elapsed = timed(host.start)
+            host.close()
+            return elapsed
+
+        start(True), start(False)  # warm-up: imports, disk cache
+        a, b = interleaved(n, lambda: start(True), lambda: start(False))
+    return Result("confined_start", a, b, 1.05, notes=(f"{n} starts each",))
+
+
+def _confined_pair(plan: Plan, name: str, code: str, full: int, quick: int) -> Result:
+    n = plan.n(full, quick)
+    with scratch() as root:
+        (root / "confined").mkdir()
+        (root / "open").mkdir()
+        with Host(root / "confined") as confined:
+            _require_confined(confined)
+            with unconfined():
+                free = Host(root / "open").start()
+            try:
+                for _ in range(10):
+                    run_cell(confined, code)
+                    run_cell(free, code)
+                a, b = interleaved(n, lambda: run_cell(confined, code),
+                                   lambda: run_cell(free, code))
+            finally:
+                free.close()
+    return Result(name, a, b, 1.05, notes=(f"{n} cells each",))
+
+
+@benchmark("confined_pass", target=1.05,
+           ours='`Host.execute("pass")` in a confined kernel',
+           baseline='`Host.execute("pass")` with confinement off, same run')
+def bench_confined_pass(plan: Plan) -> Result:
+    return _confined_pair(plan, "confined_pass", "pass", 200, 30)
+
+
+@benchmark("confined_bash_true", target=1.05,
+           ours='a cell running `host.bash("true")`, started confined by the sandbox\'s init',
+           baseline='the same cell with confinement off (the Host spawns bash itself)')
+def bench_confined_bash_true(plan: Plan) -> Result:
+    return _confined_pair(plan, "confined_bash_true", "_ = host.bash('true')", 100, 30)
+
+
 def _bash_pair(plan: Plan, name: str, command: str, target: float, full: int, quick: int,
                warmup: int) -> Result:
     n = plan.n(full, quick)
@@ -657,6 +738,28 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.run" + (" --quick" if plan.quick else "") + (
         " --only " + " ".join(names) if args.only else "")
     results: list[Result] = []
+    # Records live under $XDG_STATE_HOME by default: keep the benchmarks' in a scratch folder.
+    state = tempfile.mkdtemp(prefix=SCRATCH_PREFIX + "state-")
+    saved_state = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = state
+    try:
+        _run_all(names, plan, results)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+        if saved_state is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = saved_state
+    print()
+    print(console_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(markdown(results, plan, command))
+        print(f"\nreport written to {out}")
+    return 0
+
+
+def _run_all(names: list[str], plan: Plan, results: list[Result]) -> None:
     for name in names:
         print(f"running {name} ...", flush=True)
         t0 = time.perf_counter()
@@ -665,13 +768,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ours {fmt_seconds(r.ours_median)}, baseline {fmt_seconds(r.baseline_median)},"
               f" ratio {r.ratio:.3f}× (target ≤ {r.target:g}×, "
               f"{'met' if r.met else 'NOT met'}); {time.perf_counter() - t0:.1f} s", flush=True)
-    print()
-    print(console_table(results))
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(markdown(results, plan, command))
-        print(f"\nreport written to {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,8 +17,14 @@ import hashlib
 import os
 from pathlib import Path
 
-__all__ = ["LEGACY_RECORD_NAME", "LEDGER_NAME", "default_record_dir", "find_record",
-           "records_home", "state_home"]
+__all__ = [
+    "LEDGER_NAME",
+    "LEGACY_RECORD_NAME",
+    "default_record_dir",
+    "find_record",
+    "records_home",
+    "state_home",
+]
 
 #: The folder name of a record kept inside its workspace (before the record moved out).
 LEGACY_RECORD_NAME = ".host_kernel"

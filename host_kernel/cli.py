@@ -85,6 +85,11 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-on-error", action="store_true",
                         help="stop at the first cell whose status is error, timeout or "
                              "kernel_died")
+    parser.add_argument("--no-network", action="store_true",
+                        help="deny the kernel and its host.bash commands TCP connect and bind")
+    parser.add_argument("--require-confinement", action="store_true",
+                        help="refuse to run where Landlock confinement is unavailable "
+                             "(exit 1) instead of running unconfined")
 
 
 def _read_notebook(path: Path) -> Any:
@@ -153,7 +158,8 @@ def _exec_run(args: argparse.Namespace) -> int:
     ran = 0
     failures: dict[str, int] = {}
     stopped_at: int | None = None
-    host = Host(workdir, mode=mode, record_dir=record, front="cli")
+    host = Host(workdir, mode=mode, record_dir=record, front="cli",
+                network=not args.no_network, require_confinement=args.require_confinement)
     t0 = time.monotonic()
     try:
         host.start()

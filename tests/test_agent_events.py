@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scripted_llm import ScriptedLLMServer, chat_reply
 
+from host_kernel._paths import default_record_dir
 from host_kernel.agent.events import (
     EVENT_TYPES,
     CellCompleted,
@@ -248,7 +249,8 @@ def test_live_projection_and_replay_of_the_file_are_identical(workdir: Path) -> 
 
 def test_trace_prints_the_snapshot_as_text_or_json(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    record_dir = tmp_path / "ws" / ".host_kernel"
+    (tmp_path / "ws").mkdir()
+    record_dir = default_record_dir(tmp_path / "ws")  # a workspace's record, outside it
     record_dir.mkdir(parents=True)
     events = EventLog(record_dir / "agent-events.ndjson", "abc")
     events.emit(started())

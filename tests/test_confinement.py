@@ -328,3 +328,39 @@ def test_the_head_is_returned_by_close_and_matches_the_ledger(workdir: Path) -> 
         assert ledger.head() is not None and ledger.head().hash == head  # type: ignore[union-attr]
     finally:
         ledger.close()
+
+
+# -- the record while the Host runs ---------------------------------------------------------
+
+
+def test_a_foreign_event_appended_by_another_process_stops_the_next_append(
+        workdir: Path) -> None:
+    import sqlite3
+
+    from host_kernel._errors import RecordError
+    from host_kernel.audit import audit
+    from host_kernel.store.ledger import canonical_json, event_hash
+
+    with Host(workdir) as host:
+        host.execute("x = 1")
+        # Another process of the same user appends a perfectly chained event (an accepted
+        # verdict for a session of its own making), without the record's key.
+        db = sqlite3.connect(host.record_dir / "ledger.sqlite")
+        seq, prev = db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        body = canonical_json({"submission_id": "forged", "accepted": True, "verdict": {}})
+        digest = event_hash(prev, seq + 1, "forged-session", 1.0, "submission_verdict", body)
+        db.execute("INSERT INTO events (seq, session, ts, kind, body, prev, hash) "
+                   "VALUES (?,?,?,?,?,?,?)",
+                   (seq + 1, "forged-session", 1.0, "submission_verdict", body, prev, digest))
+        db.commit()
+        db.close()
+        with pytest.raises(RecordError) as caught:
+            host.execute("y = 2")
+        assert caught.value.code == "foreign_event" and str(seq + 1) in caught.value.message
+        log = (host.record_dir / "foreign-events.log").read_text()
+        assert json.loads(log.splitlines()[-1])["seqs"] == [seq + 1]
+        with pytest.raises(RecordError):  # and it stays stopped
+            host.execute("z = 3")
+    report = audit(host.record_dir)
+    assert not report.clean
+    assert "event_unauthenticated" in {f.code for f in report.findings}

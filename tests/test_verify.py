@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from host_kernel import Host
+from host_kernel.audit import audit
+from host_kernel._errors import RecordError
 from host_kernel.verify import CHECKS
 
 from _helpers import run_ok
@@ -301,9 +303,11 @@ db.commit()
     # ...and another process of the same user that can is caught by the Host's own hashes.
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    accepted, failed, text = submit(fresh)
-    assert not accepted and "record_unreadable" in failed
-    assert "not the ones this Host wrote" in text
+    # The rewrite moved the chain's tail under the live Host: it refuses to go on.
+    with pytest.raises(RecordError) as caught:
+        submit(fresh)
+    assert caught.value.code == "foreign_event"
+    assert not audit(fresh.record_dir).clean
 
 
 # -- detected vs armed -------------------------------------------------------------------------
@@ -341,3 +345,158 @@ def test_every_check_code_is_documented() -> None:
     doc = (Path(__file__).parent.parent / "docs" / "verification.md").read_text()
     missing = [code for code in CHECKS if f"`{code}`" not in doc]
     assert not missing, f"codes missing from docs/verification.md: {missing}"
+
+
+# -- output_schema cannot hold the Host -----------------------------------------------------
+#
+# A pattern that backtracks in Python's re holds the GIL, which would freeze this very test
+# process (the Host runs in it) past any thread or timeout: so these checks run in a child
+# process, and a regression fails on the child's timeout instead of hanging the suite.
+
+
+CATASTROPHIC = "^(a|aa)+$"  # backtracks without end in regex and re alike on "a" * 40 + "b"
+CLASSIC = "^(a+)+$"  # the textbook case for re; regex matches it in linear time
+STUCK_TEXT = "a" * 40 + "b"
+CHILD_TIMEOUT = 60
+
+_VERIFY_IN_CHILD = """
+import json, sys, tempfile, time
+from pathlib import Path
+from host_kernel.modes import resolve_task_mode
+from host_kernel.store.blobs import FileBlobStore
+from host_kernel.store.ledger import SQLiteLedger
+from host_kernel.verify import LiveFiles, RecordView, Submission, verify
+
+case = json.load(sys.stdin)
+root = Path(tempfile.mkdtemp(dir=case["tmp"]))
+ledger = SQLiteLedger(root / "ledger.sqlite")
+view = RecordView(ledger, FileBlobStore(root), "no-session")
+started = time.monotonic()
+verdict, _ = verify(Submission(case["output"], ["x"], output_schema=case["schema"]),
+                    mode=resolve_task_mode(None), view=view, files=LiveFiles(root, root / "rec"),
+                    submission_id="s", submit_seq=1, submitting_cell=None)
+seconds = time.monotonic() - started
+ledger.close()
+print(json.dumps({"seconds": seconds, "failed": {c.code: c.message for c in verdict.failed}}))
+"""
+
+
+def _in_child(script: str, *args: str, stdin: str = "") -> str:
+    """Run ``script`` in a fresh interpreter; its stdout, or a failure if it hangs or fails."""
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *args], input=stdin,
+                              capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {CHILD_TIMEOUT} s: the check hung")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _verify_schema(tmp_path: Path, output: object, schema: object) -> tuple[float, dict[str, str]]:
+    """The verifier itself on an empty record, in a child: (seconds, {failed code: message})."""
+    case = json.dumps({"tmp": str(tmp_path), "output": output, "schema": schema})
+    result = json.loads(_in_child(_VERIFY_IN_CHILD, stdin=case).splitlines()[-1])
+    return result["seconds"], result["failed"]
+
+
+S2020 = "https://json-schema.org/draft/2020-12/schema"
+#: Each definition refers to the next twice: 2**30 paths to the last one.
+NESTED_REFS: dict[str, object] = {
+    "$defs": {**{f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(30)},
+              "d30": {"type": "object"}},
+    "$ref": "#/$defs/d0"}
+
+
+@pytest.mark.parametrize("output, schema, code, words", [
+    ({"s": STUCK_TEXT}, {"properties": {"s": {"pattern": CATASTROPHIC}}}, "schema_too_costly",
+     "ran past the 0.5 s"),
+    ({STUCK_TEXT: 1}, {"patternProperties": {CATASTROPHIC: {}}}, "schema_too_costly",
+     "ran past the 0.5 s"),
+    ({STUCK_TEXT: 1}, {"additionalProperties": False, "patternProperties": {CATASTROPHIC: {}}},
+     "schema_too_costly", "ran past the 0.5 s"),
+    ({STUCK_TEXT: 1}, {"propertyNames": {"pattern": CATASTROPHIC}}, "schema_too_costly",
+     "ran past the 0.5 s"),
+    ({"s": STUCK_TEXT}, {"$schema": "http://json-schema.org/draft-04/schema#",
+                         "properties": {"s": {"pattern": CATASTROPHIC}}}, "schema_too_costly",
+     "ran past the 0.5 s"),
+    ({"s": STUCK_TEXT}, {"$schema": S2020, "anyOf": [
+        {"type": "object", "properties": {"s": {"$ref": "#"}}},
+        {"type": "string", "pattern": CATASTROPHIC}]}, "schema_too_costly", "ran past the 0.5 s"),
+    ({"s": STUCK_TEXT}, {"properties": {"s": {"$schema": S2020, "pattern": CATASTROPHIC}}},
+     "schema_invalid", "$schema only at its top"),
+    ({"s": "x"}, {"properties": {"s": {"pattern": "(a{1000}){1000}"}}}, "schema_too_costly",
+     "counts of nested"),
+    ({"s": "x"}, {"properties": {"s": {"pattern": "(" * 150 + ")" * 150}}}, "schema_too_costly",
+     "nests groups"),
+    ({"s": 1}, NESTED_REFS, "schema_too_costly", "more than"),
+    ({"s": 1}, {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "schema_too_costly",
+     "without end"),
+    ({"k": {f"x{i}": i for i in range(2000)}},
+     {"properties": {"k": {"unevaluatedProperties": False}}}, "schema_too_costly", "2,000 members"),
+    ({"k": 1}, {"patternProperties": {"^k": {}}, "unevaluatedProperties": False},
+     "schema_too_costly", "unevaluatedProperties together with patternProperties"),
+    ({"s": "x"}, {"type": "object", "x": "y" * 70_000}, "schema_too_costly", "65,536 bytes"),
+    ({"s": "x"}, {"properties": {"s": {"pattern": "("}}}, "schema_invalid", "is not a 'regex'"),
+    ({"s": "x"}, {"$ref": "http://10.255.255.1/schema.json"}, "schema_invalid", "points outside"),
+    ({"s": "x"}, {"$ref": "#/$defs/nowhere"}, "schema_invalid", "cannot resolve"),
+    ({"s": "x"}, {"$defs": {"m": {"$id": "http://json-schema.org/draft-04/schema"}}},
+     "schema_invalid", "json-schema.org"),
+    ({"s": "x"}, ["not", "a", "schema"], "schema_invalid", "not list"),
+    ({"s": "x"}, {"$schema": 4}, "schema_invalid", "must be a string"),
+    ({"s": STUCK_TEXT}, {"properties": {"s": {"pattern": CLASSIC}}}, "output_schema",
+     "does not match '^(a+)+$'"),
+    ({"l": [{"a": 1}, {"a": 1.0}]}, {"properties": {"l": {"uniqueItems": True}}},
+     "output_schema", "non-unique"),
+])
+def test_output_schema_is_checked_within_bounds(tmp_path: Path, output: object, schema: object,
+                                                code: str, words: str) -> None:
+    seconds, failed = _verify_schema(tmp_path, output, schema)
+    assert seconds < 2.0
+    assert code in failed, failed
+    assert words in failed[code]
+    assert len(failed) == 1, failed
+
+
+@pytest.mark.parametrize("output, schema", [
+    ({"l": [{"a": i} for i in range(60_000)]}, {"properties": {"l": {"uniqueItems": True}}}),
+    ({"l": [True, 1, "1"]}, {"properties": {"l": {"uniqueItems": True}}}),
+    ({"name": "Ada", "n": 3}, {"$schema": "http://json-schema.org/draft-07/schema#",
+                               "type": "object", "required": ["name"],
+                               "definitions": {"count": {"type": "integer", "minimum": 0}},
+                               "properties": {"name": {"type": "string", "pattern": r"^\p{Lu}"},
+                                              "n": {"$ref": "#/definitions/count"}},
+                               "additionalProperties": False}),
+    ({"k": 1, "x": 2}, {"properties": {"k": {}}, "unevaluatedProperties": {"type": "integer"}}),
+])
+def test_honest_schemas_still_pass(tmp_path: Path, output: object, schema: object) -> None:
+    seconds, failed = _verify_schema(tmp_path, output, schema)
+    assert failed == {} and seconds < 2.0
+
+
+_CELLS_IN_CHILD = """
+import sys
+from host_kernel import Host
+
+code = ("import time\\nfrom host_kernel import SubmissionRefused\\nt0 = time.perf_counter()\\n"
+        "try:\\n    host.submit_output({{'s': {text!r}}}, ['checked s'], "
+        "output_schema={{'properties': {{'s': {{'pattern': {pattern!r}}}}}}})\\n"
+        "except SubmissionRefused as e:\\n    print([c.code for c in e.verdict.failed])\\n"
+        "print('SECONDS', time.perf_counter() - t0)")
+with Host(sys.argv[1], record_dir=sys.argv[2]) as host:
+    for pattern in sys.argv[3:]:
+        obs = host.execute(code.format(text="a" * 40 + "b", pattern=pattern), timeout=30)
+        print("CELL", obs.status, obs.text.replace("\\n", " "))
+    print("NEXT", host.execute("print(6 * 7)", timeout=30).text.replace("\\n", " "))
+"""
+
+
+def test_a_catastrophic_pattern_in_a_cell_is_refused_promptly(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    out = _in_child(_CELLS_IN_CHILD, str(tmp_path / "ws"), str(tmp_path / "rec"), CATASTROPHIC,
+                    CLASSIC)
+    cells = [line for line in out.splitlines() if line.startswith("CELL")]
+    assert len(cells) == 2, out
+    for line, expect in zip(cells, ("['schema_too_costly']", "['output_schema']")):
+        assert line.startswith("CELL ok") and expect in line, line
+        assert float(line.rsplit("SECONDS", 1)[1]) < 2.0, line
+    assert "42" in out.split("NEXT", 1)[1]

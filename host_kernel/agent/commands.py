@@ -169,16 +169,17 @@ def _trace_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _events_file(value: str) -> Path:
-    from .._paths import find_record
+    from .._paths import LEGACY_RECORD_NAME, default_record_dir
     from .events import EVENTS_FILE
 
     path = Path(value)
     if path.is_file():
         return path
-    record = find_record(path)
-    for candidate in (path / EVENTS_FILE, None if record is None else record / EVENTS_FILE):
-        if candidate is not None and candidate.is_file():
-            return candidate
+    # A record folder, a workspace (its record at the default place), or an old
+    # workspace holding its record inside.
+    for folder in (path, default_record_dir(path), path / LEGACY_RECORD_NAME):
+        if (folder / EVENTS_FILE).is_file():
+            return folder / EVENTS_FILE
     raise UsageError(f"{value}: no {EVENTS_FILE} there (is it a record of `host-kernel run`?)")
 
 

@@ -185,8 +185,7 @@ def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
 
 
 _BASH_ONLY_BUILTINS = frozenset(
-    "cd exit export unset set source . alias eval exec return shift trap wait read "
-    "declare local readonly let type hash ulimit umask builtin command".split()
+    ["cd", "exit", "export", "unset", "set", "source", ".", "alias", "eval", "exec", "return", "shift", "trap", "wait", "read", "declare", "local", "readonly", "let", "type", "hash", "ulimit", "umask", "builtin", "command"]
 )
 
 
@@ -303,7 +302,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
                 if not data:
                     sel.unregister(key.fileobj)
                     continue
-                stream = streams[key.fileobj]  # type: ignore[index]
+                stream = streams[key.fileobj]
                 text = stream.feed(data)
                 if text and listening:
                     try:

@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import dataclasses
 import enum
+import json
 import mimetypes
 import os
 import queue
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import nbformat
 
@@ -41,14 +41,14 @@ from .._errors import (
     KernelError,
     RecordError,
 )
-from .._paths import default_record_dir
-from .._procs import pid_alive
-from ..sandbox.client import Confinement, Sandbox, probe
-from ..sandbox.policy import Policy
 from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Status, Verdict
+from .._paths import default_record_dir
+from .._procs import pid_alive
 from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
+from ..sandbox.client import Confinement, Sandbox, probe
+from ..sandbox.policy import Policy
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
@@ -422,9 +422,10 @@ class Host:
             event = self.ledger.append(self.session_id, kind, body)
         except ForeignEventError as exc:
             self._foreign = RecordError(
-                f"the ledger holds events this Host did not write and no holder of the record "
-                f"key wrote (seq {', '.join(map(str, exc.seqs)) or '?'}): someone appended to "
-                f"it behind the Host's back. The Host writes nothing more to this record; "
+                f"the ledger's tail is not what this Host last wrote, and no holder of the "
+                f"record key wrote what follows (seq {', '.join(map(str, exc.seqs)) or '?'}): "
+                f"events were appended or edited behind the Host's back. The Host writes "
+                f"nothing more to this record; "
                 f"`host-kernel audit {self.record_dir}` shows the events.", code="foreign_event")
             self._note_foreign(kind, exc)
             raise self._foreign from exc

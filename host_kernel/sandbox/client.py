@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 from .landlock import abi_version
 from .policy import Policy, rules_for_record, ruleset_spec
 
-__all__ = ["Confinement", "ConfinedProcess", "Sandbox", "SandboxError", "probe"]
+__all__ = ["ConfinedProcess", "Confinement", "Sandbox", "SandboxError", "probe"]
 
 #: Seconds to wait for init's hello, and for a reply to a spawn request.
 HELLO_TIMEOUT = 30.0

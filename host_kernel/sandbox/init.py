@@ -34,7 +34,7 @@ kernel start. Messages are ``marshal``-ed dicts; both ends run the same interpre
 
 from __future__ import annotations
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # (no stub; the enum-free signal module)
 import _socket
 import array
 import ctypes

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Policy", "readable_roots", "hidden_paths"]
+__all__ = ["Policy", "hidden_paths", "readable_roots"]
 
 #: Device files any program may open for reading and writing.
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",

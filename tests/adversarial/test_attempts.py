@@ -183,13 +183,14 @@ def test_a_claim_backed_only_by_a_same_named_file_outside_this_session(
 
 
 @pytest.mark.parametrize("path", ["/etc/hostname", "../escape.txt", "a/../../escape.txt",
-                                  "link/escape.txt", ".host_kernel/ledger.sqlite"])
+                                  "link/escape.txt", "RECORD/ledger.sqlite"])
 @pytest.mark.parametrize("call", ["write_file({p!r}, 'x')", "edit_file({p!r}, 'a', 'b')",
                                   "read_file({p!r})", "save_artifact({p!r})",
                                   "load_artifact(host.artifacts()[0].artifact_id, {p!r})"])
 def test_paths_out_of_the_workspace_for_every_file_call(honest: Host, call: str, path: str) -> None:
     if not (honest.workdir / "link").exists():
         os.symlink(honest.workdir.parent, honest.workdir / "link")
+    path = path.replace("RECORD", str(honest.record_dir))  # the record, outside the workspace
     assert "path_refused" in refusal(honest, "host." + call.format(p=path))
     assert not (honest.workdir.parent / "escape.txt").exists()
 
