@@ -119,8 +119,10 @@ class LLMConfig:
     """Where to send chat completions and how patiently.
 
     ``base_url`` ends before ``/chat/completions`` (e.g. ``http://127.0.0.1:8000/v1``).
-    ``api_key_env`` names the environment variable holding the key; ``None``
-    sends no Authorization header (a local server). ``timeout`` is per request
+    ``api_key_env`` names the environment variable holding the key; ``api_key_file``
+    a file holding it instead (read at each call, so the key is never in the Host's
+    start-time environment, which ``/proc/<pid>/environ`` shows); neither sends no
+    Authorization header (a local server). ``timeout`` is per request
     in seconds; ``max_retries`` counts retries, not attempts; ``backoff`` is the
     first wait in seconds; ``max_backoff`` caps every wait, ``Retry-After`` too.
     """
@@ -132,6 +134,7 @@ class LLMConfig:
     max_retries: int = 3
     backoff: float = 0.5
     max_backoff: float = 30.0
+    api_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -142,6 +145,8 @@ class LLMConfig:
             raise LLMConfigError("model must be a non-empty string")
         if self.api_key_env == "":
             raise LLMConfigError("api_key_env must name a variable, or be None for no key")
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise LLMConfigError("give api_key_env or api_key_file, not both")
         if not self.timeout > 0:
             raise LLMConfigError(f"timeout must be positive, got {self.timeout!r}")
         if self.max_retries < 0:
@@ -503,6 +508,16 @@ class LLMClient:
         return self._send(request, stream=stream, key=key)
 
     def _api_key(self) -> str | None:
+        if self.config.api_key_file is not None:
+            try:
+                with open(self.config.api_key_file, encoding="utf-8") as f:
+                    key = f.read().strip()
+            except OSError as exc:
+                raise LLMConfigError(f"cannot read the API key file {self.config.api_key_file}:"
+                                     f" {exc.strerror}") from None
+            if not key:
+                raise LLMConfigError(f"the API key file {self.config.api_key_file} is empty")
+            return key
         name = self.config.api_key_env
         if name is None:
             return None

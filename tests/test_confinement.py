@@ -164,6 +164,25 @@ def test_a_host_bash_command_is_confined_the_same_way(confined: Host, workdir: P
     assert confined.execute("print(1)").status == "ok"  # the Host is alive
 
 
+@needs_landlock
+def test_the_hosts_llm_key_file_is_hidden_from_the_kernel(workdir: Path,
+                                                          tmp_path: Path) -> None:
+    key = tmp_path / "keys" / "llm.key"
+    key.parent.mkdir()
+    key.write_text("sk-from-a-file-0123456789")
+
+    class Config:
+        api_key_env = None
+        api_key_file = str(key)
+
+    class FakeLLM:
+        config = Config()
+
+    with Host(workdir, llm=FakeLLM()) as host:
+        _denied(host, f"open({str(key)!r}).read()")
+        assert host.confinement is not None and str(key) in host.confinement.hidden
+
+
 # -- network --------------------------------------------------------------------------------
 
 

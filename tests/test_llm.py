@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from pathlib import Path
 from scripted_llm import ScriptedLLMServer, SSEStream, chat_reply, content_chunks
 
 from host_kernel.llm import (
@@ -329,6 +330,25 @@ def test_authorization_carries_the_key_read_from_env_at_call_time(
         "Bearer sk-first",
         "Bearer sk-second",
     ]
+
+
+def test_the_key_can_come_from_a_file_read_at_call_time(
+    server: ScriptedLLMServer, tmp_path: Path
+) -> None:
+    key = tmp_path / "llm.key"
+    key.write_text("sk-file-one\n")
+    server.push(chat_reply("one"), chat_reply("two"))
+    with LLMClient(config_for(server, api_key_file=str(key))) as client:
+        client.chat(MESSAGES)
+        key.write_text("sk-file-two")
+        client.chat(MESSAGES)
+        key.unlink()
+        with pytest.raises(LLMConfigError, match="cannot read the API key file"):
+            client.chat(MESSAGES)
+    assert [r.headers["authorization"] for r in server.requests] == [
+        "Bearer sk-file-one", "Bearer sk-file-two"]
+    with pytest.raises(LLMConfigError, match="not both"):
+        config_for(server, api_key_file=str(key), api_key_env="X")
 
 
 def test_no_key_variable_means_no_authorization_header(server: ScriptedLLMServer) -> None:

@@ -61,8 +61,12 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an OpenAI-compatible endpoint, up to /v1 "
                              "(e.g. http://127.0.0.1:8000/v1)")
     parser.add_argument("--model", metavar="NAME", required=True, help="the model to ask")
-    parser.add_argument("--api-key-env", metavar="VAR", default=None,
-                        help="environment variable holding the API key (default: send none)")
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument("--api-key-env", metavar="VAR", default=None,
+                     help="environment variable holding the API key (default: send none)")
+    key.add_argument("--api-key-file", metavar="PATH", default=None,
+                     help="a file holding the API key, read at each call: the key is then "
+                          "never in the Host's start-time environment (docs/security.md)")
     parser.add_argument("--max-steps", metavar="N", type=int, default=None,
                         help="most model turns (default: 30)")
     parser.add_argument("--token-budget", metavar="N", type=int, default=None,
@@ -103,7 +107,8 @@ def _run_run(args: argparse.Namespace) -> int:
     if (args.price_in is None) != (args.price_out is None):
         raise UsageError("give both --price-in and --price-out, or neither")
     try:
-        config = LLMConfig(args.base_url, args.model, api_key_env=args.api_key_env)
+        config = LLMConfig(args.base_url, args.model, api_key_env=args.api_key_env,
+                           api_key_file=args.api_key_file)
     except LLMConfigError as exc:
         raise UsageError(str(exc)) from None
     prices = None if args.price_in is None else Prices(args.price_in, args.price_out)

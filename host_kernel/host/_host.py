@@ -238,8 +238,8 @@ class Host:
             if confinement.active:
                 self._launch_env["HOST_KERNEL_CONFINED"] = "1"
                 self._policy = Policy.for_session(
-                    self.workdir, self._private_dir, [self.record_dir], network=self.network,
-                    extra_read=self.read_paths)
+                    self.workdir, self._private_dir, [self.record_dir, *_llm_key_file(self.llm)],
+                    network=self.network, extra_read=self.read_paths)
                 confinement = probe(self._policy, network=self.network)
                 if not confinement.active and self.require_confinement:
                     raise ConfinementError(f"confinement is required but not available: "
@@ -927,6 +927,12 @@ def _llm_key_names(llm: Any) -> frozenset[str]:
     config = getattr(llm, "config", None)
     name = getattr(config, "api_key_env", None)
     return frozenset({name}) if isinstance(name, str) and name else frozenset()
+
+
+def _llm_key_file(llm: Any) -> list[str]:
+    """The file holding the Host's LLM key, which confined code must not read."""
+    path = getattr(getattr(llm, "config", None), "api_key_file", None)
+    return [path] if isinstance(path, str) and path else []
 
 
 def _join(first: str | None, second: str) -> str:

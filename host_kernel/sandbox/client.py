@@ -11,9 +11,9 @@ enforce them (``init``, ``landlock``).
 
 from __future__ import annotations
 
-import itertools
 import marshal
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -108,35 +108,93 @@ def probe(policy: Policy | None, *, network: bool = True) -> Confinement:
 
 
 class ConfinedProcess:
-    """A command init started for the Host; quacks like the part of Popen we use."""
+    """A command init started for the Host; quacks like the part of Popen we use.
 
-    def __init__(self, sandbox: Sandbox, pid: int, args: Sequence[str],
-                 stdout: BinaryIO | None, stderr: BinaryIO | None) -> None:
+    Its status socket (one end held by init) brings the pid, then the exit code;
+    the Host's thread that waits reads it directly, with no thread in between. The
+    pid is read only when it is needed, so the Host goes on to read the command's
+    output while init is still handing it its orders.
+    """
+
+    def __init__(self, sandbox: Sandbox, status: socket.socket, args: Sequence[str]) -> None:
         self._sandbox = sandbox
-        self.pid = pid  # in the sandbox's PID namespace
+        self._status = status
         self.args = list(args)
-        self.stdout = stdout
-        self.stderr = stderr
+        self.stdout: BinaryIO | None = None
+        self.stderr: BinaryIO | None = None
         self.returncode: int | None = None
-        self._done = threading.Event()
+        #: Why init could not start the command, if it could not.
+        self.error: str | None = None
+        self._pid: int | None = None
+        self._lock = threading.Lock()
 
-    def _exited(self, code: int) -> None:
-        self.returncode = code
-        self._done.set()
+    @property
+    def pid(self) -> int:
+        """The command's pid in the sandbox's PID namespace (0 if it never started)."""
+        with self._lock:
+            self._take_pid(REPLY_TIMEOUT)
+        return self._pid or 0
+
+    def _take_pid(self, timeout: float | None) -> bool:
+        """Read init's first message (pid or error); True once it is known. Lock held."""
+        if self._pid is not None or self.returncode is not None:
+            return True
+        reply = self._read(timeout)
+        if reply is None:
+            return False
+        if "pid" in reply:
+            self._pid = int(reply["pid"])
+            return True
+        # init could not start it, or died before it could say.
+        self.error = str(reply.get("error", "the sandbox stopped before the command started"))
+        self.returncode = 127 if "error" in reply else int(reply["exit"])
+        self._status.close()
+        return True
+
+    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        """One message from init, or None on timeout; EOF means init is gone (SIGKILL)."""
+        self._status.settimeout(timeout)
+        try:
+            data = self._status.recv(4096)
+        except (TimeoutError, BlockingIOError):
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            return {"exit": -signal.SIGKILL}
+        message: dict[str, Any] = marshal.loads(data)
+        return message
+
+    def _collect(self, timeout: float | None) -> bool:
+        """Take the exit code if it comes within ``timeout``; True once it is known."""
+        with self._lock:
+            if self.returncode is None:
+                if not self._take_pid(timeout):
+                    return False
+                if self.returncode is not None:
+                    return True
+                reply = self._read(timeout)
+                if reply is None:
+                    return False
+                self.returncode = int(reply["exit"])
+                self._status.close()
+            return True
 
     def poll(self) -> int | None:
+        self._collect(0.0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if not self._done.wait(timeout):
+        """The exit code; ``subprocess.TimeoutExpired`` when it does not come in time."""
+        if not self._collect(timeout) or self.returncode is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-        assert self.returncode is not None
         return self.returncode
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         """Signal the command's whole process group (it leads its own session)."""
-        if self.returncode is None:
-            self._sandbox.signal(self.pid, sig)
+        pid = self.pid
+        if self.returncode is None and pid:
+            self._sandbox.signal(pid, sig)
 
 
 class Sandbox:
@@ -154,16 +212,7 @@ class Sandbox:
         self._host_end.send(marshal.dumps({"abi": abi, "namespaces": namespaces,
                                            "network": policy.network,
                                            "rules": ruleset_spec(policy)}))
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._replies: dict[int, tuple[threading.Event, list[dict[str, Any]]]] = {}
-        self._procs: dict[int, ConfinedProcess] = {}
-        #: Exits reported before the spawn reply was read (a command that ends at once).
-        self._early_exits: dict[int, int] = {}
-        self._hello = threading.Event()
         self.hello: dict[str, Any] = {}
-        self._closed = False
-        self._reader: threading.Thread | None = None
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
@@ -176,80 +225,37 @@ class Sandbox:
                 "--control", str(self._init_end.fileno()), "--", *kernel_argv]
 
     def started(self) -> dict[str, Any]:
-        """Call once init runs: start listening, wait for its hello, return it."""
+        """Call once init runs: wait for its hello and return it."""
         self._init_end.close()
-        self._reader = threading.Thread(target=self._read, name="sandbox-reader", daemon=True)
-        self._reader.start()
-        if not self._hello.wait(HELLO_TIMEOUT):
-            raise SandboxError("the sandbox's init process did not answer")
+        self._host_end.settimeout(HELLO_TIMEOUT)
+        try:
+            data = self._host_end.recv(1 << 16)
+        except OSError as exc:
+            raise SandboxError(f"the sandbox's init process did not answer: {exc}") from exc
+        if not data:
+            raise SandboxError("the sandbox's init process exited before it was ready")
+        self._host_end.settimeout(None)
+        self.hello = marshal.loads(data)
         return self.hello
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self._host_end.recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            msg = marshal.loads(data)
-            if msg.get("hello"):
-                self.hello = msg
-                self._hello.set()
-            elif "exit" in msg:
-                with self._lock:
-                    proc = self._procs.pop(msg["exit"], None)
-                    if proc is None:
-                        self._early_exits[msg["exit"]] = msg["code"]
-                if proc is not None:
-                    proc._exited(msg["code"])
-            elif "id" in msg:
-                with self._lock:
-                    waiter = self._replies.pop(msg["id"], None)
-                if waiter is not None:
-                    waiter[1].append(msg)
-                    waiter[0].set()
-        # init is gone: every command it ran is gone with it (its PID namespace ended).
-        with self._lock:
-            self._closed = True
-            procs, self._procs = list(self._procs.values()), {}
-            waiters, self._replies = list(self._replies.values()), {}
-        for proc in procs:
-            proc._exited(-signal.SIGKILL)
-        for event, _ in waiters:
-            event.set()
-        self._hello.set()
 
     def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
               stdin: int, stdout: int, stderr: int) -> ConfinedProcess:
         """Start ``argv`` confined, in a session of its own, with these descriptors."""
-        request_id = next(self._ids)
-        event = threading.Event()
-        box: list[dict[str, Any]] = []
-        with self._lock:
-            if self._closed:
-                raise SandboxError("the sandbox has stopped (the kernel generation ended)")
-            self._replies[request_id] = (event, box)
-        message = marshal.dumps({"op": "spawn", "id": request_id, "argv": list(argv),
-                                 "cwd": cwd, "env": dict(env)})
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Resolved here with the command's own PATH, as execvp would, so the confined
+        # child makes one execve instead of a walk along PATH.
+        found = shutil.which(argv[0], path=env.get("PATH", os.defpath)) if argv else None
+        message = marshal.dumps({"op": "spawn", "argv": list(argv), "cwd": cwd,
+                                 "env": dict(env), "file": found or argv[0]})
         try:
-            socket.send_fds(self._host_end, [message], [stdin, stdout, stderr])
+            socket.send_fds(self._host_end, [message], [stdin, stdout, stderr, theirs.fileno()])
         except OSError as exc:
-            raise SandboxError(f"the sandbox is not answering: {exc}") from exc
-        if not event.wait(REPLY_TIMEOUT) or not box:
-            raise SandboxError("the sandbox did not start the command")
-        reply = box[0]
-        if "error" in reply:
-            raise SandboxError(f"the sandbox could not start the command: {reply['error']}")
-        pid = int(reply["pid"])
-        proc = ConfinedProcess(self, pid, argv, None, None)
-        with self._lock:
-            early = self._early_exits.pop(pid, None)
-            if early is None:
-                self._procs[pid] = proc
-        if early is not None:
-            proc._exited(early)
-        return proc
+            mine.close()
+            raise SandboxError(f"the sandbox has stopped (the kernel generation ended): "
+                               f"{exc}") from exc
+        finally:
+            theirs.close()
+        return ConfinedProcess(self, mine, argv)
 
     def signal(self, pid: int, sig: int) -> None:
         try:
@@ -258,7 +264,7 @@ class Sandbox:
             pass
 
     def close(self) -> None:
-        """Stop listening; init, seeing the socket close, takes its namespace down."""
+        """Let init go: seeing its socket close, it takes its namespace down."""
         if self._init_end.fileno() >= 0:
             self._init_end.close()
         try:
@@ -266,8 +272,6 @@ class Sandbox:
         except OSError:
             pass
         self._host_end.close()
-        if self._reader is not None and self._reader is not threading.current_thread():
-            self._reader.join(timeout=5)
 
 
 def popen_confined(sandbox: Sandbox, argv: Sequence[str], *, cwd: str,

@@ -54,6 +54,8 @@ _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x400
 _PR_SET_PDEATHSIG = 1
 _MAX_MSG = 1 << 20
 _MAX_FDS = 8
+#: Seconds of quiet after which init forks the next command's process ahead of time.
+_PREPARE_WHEN_IDLE = 0.02
 _SIGKILL = _signal.SIGKILL
 #: In the kernel's command line, replaced by the spawner's own pid (the kernel's parent).
 SPAWNER_PID = "@SPAWNER_PID@"
@@ -108,26 +110,71 @@ def _recv(ctl: Any) -> tuple[bytes, list[int]]:
     return data, fds
 
 
+def _socket_send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
+    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+
+
 def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
                 ruleset_fd: int, new_session: bool) -> None:
     """In the forked child: confine, then exec. Never returns."""
     try:
-        _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-        if new_session:
-            os.setsid()
         os.chdir(cwd)
         for target, fd in enumerate(fds[:3]):
             if fd != target:
                 os.dup2(fd, target)
-        _signal.set_wakeup_fd(-1)
-        for sig in (_signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD,
-                    _signal.SIGTERM, _signal.SIGHUP):
-            _signal.signal(sig, _signal.SIG_DFL)
-        if ruleset_fd >= 0:
-            from .landlock import restrict_self
-            restrict_self(ruleset_fd)
+        _confine_self(ruleset_fd, new_session)
         os.closerange(3, 1 << 20)
         os.execvpe(argv[0], argv, env)
+    except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
+        try:
+            os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+    os._exit(127)
+
+
+def _confine_self(ruleset_fd: int, new_session: bool) -> None:
+    """The part of a child's start that needs no orders: death signal, session, default
+    signal dispositions, then Landlock (a domain of its own)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+    if new_session:
+        os.setsid()
+    _signal.set_wakeup_fd(-1)
+    for sig in (_signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD,
+                _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, _signal.SIG_DFL)
+    if ruleset_fd >= 0:
+        from .landlock import restrict_self
+        restrict_self(ruleset_fd)
+
+
+def _await_orders(orders: Any, ruleset_fd: int) -> None:
+    """A command's process forked ahead of time: confine now, wait, then exec. Never returns.
+
+    Forking and confining while init is idle takes the fork, Python's after-fork work
+    and the Landlock call off the path of a ``host.bash`` call; only the orders (argv,
+    cwd, environment, standard streams) are left for when the command is asked for.
+    """
+    argv: list[str] = ["?"]
+    try:
+        _confine_self(ruleset_fd, new_session=True)
+        keep = orders.fileno()
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 20)
+        data, fds = _recv(orders)
+        if not data or len(fds) != 3:
+            os._exit(0)  # init let us go unused
+        msg = marshal.loads(data)
+        argv = msg["argv"]
+        os.chdir(msg["cwd"])
+        for target, fd in enumerate(fds):
+            if fd != target:
+                os.dup2(fd, target)
+        os.closerange(3, 1 << 20)
+        file = msg.get("file") or argv[0]
+        if "/" in file:
+            os.execve(file, argv, msg["env"])
+        os.execvpe(file, argv, msg["env"])
     except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
         try:
             os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
@@ -142,8 +189,34 @@ class _Spawner:
     def __init__(self, ctl: Any, ruleset_fd: int) -> None:
         self.ctl = ctl
         self.ruleset_fd = ruleset_fd
-        self.children: set[int] = set()
+        #: pid → the command's status socket (the Host reads its pid, then its exit).
+        self.children: dict[int, Any] = {}
         self.main_pid = -1
+        #: The next command's process, forked and confined ahead of time, and its orders socket.
+        self.ready: tuple[int, Any] | None = None
+
+    def prepare(self) -> None:
+        """Fork the next command's process now, so a spawn request only has to send orders."""
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            _await_orders(theirs, self.ruleset_fd)
+        theirs.close()
+        self.ready = (pid, ours)
+
+    def start(self, orders_msg: dict[str, Any], fds: list[int]) -> int:
+        """Hand the orders (argv, cwd, env, file) to the waiting process; returns its pid."""
+        if self.ready is None:
+            self.prepare()
+        assert self.ready is not None
+        pid, orders = self.ready
+        self.ready = None
+        try:
+            _socket_send_fds(orders, marshal.dumps(orders_msg), fds)
+        finally:
+            orders.close()
+        return pid
 
     def spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
               new_session: bool) -> int:
@@ -162,11 +235,18 @@ class _Spawner:
         kernel_argv = [a.replace(SPAWNER_PID, me) for a in kernel_argv]
         self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
                                    new_session=False)
+        self.prepare()
         ctl_fd = self.ctl.fileno()
         while True:
+            # Once a command has taken the waiting process, make the next one when init is
+            # idle (not while that command starts and runs on the same CPUs).
+            idle = None if self.ready is not None else _PREPARE_WHEN_IDLE
             try:
-                ready, _, _ = select.select([ctl_fd, wake_r], [], [])
+                ready, _, _ = select.select([ctl_fd, wake_r], [], [], idle)
             except InterruptedError:
+                continue
+            if not ready:
+                self.prepare()
                 continue
             if wake_r in ready:
                 try:
@@ -191,9 +271,18 @@ class _Spawner:
             if pid == self.main_pid:
                 self._kill_children()
                 return code
-            if pid in self.children:
-                self.children.discard(pid)
-                _send(self.ctl, {"exit": pid, "code": code})
+            if self.ready is not None and pid == self.ready[0]:
+                self.ready[1].close()  # the waiting process died unused: make another
+                self.ready = None
+                self.prepare()
+                continue
+            status = self.children.pop(pid, None)
+            if status is not None:
+                _send(status, {"exit": code})
+                status.close()
+                if self.ready is None:
+                    # The command is done: make the next one while the Host records it.
+                    self.prepare()
 
     def _request(self) -> bool:
         try:
@@ -205,13 +294,17 @@ class _Spawner:
         try:
             msg = marshal.loads(data)
             op = msg.get("op")
-            if op == "spawn":
+            if op == "spawn" and len(fds) == 4:
+                # fds: stdin, stdout, stderr, and the command's own status socket.
+                status = _socket.socket(fileno=os.dup(fds[3]))
                 try:
-                    pid = self.spawn(msg["argv"], msg["cwd"], msg["env"], fds, new_session=True)
-                    self.children.add(pid)
-                    _send(self.ctl, {"id": msg["id"], "pid": pid})
+                    pid = self.start(msg, fds[:3])
                 except OSError as exc:
-                    _send(self.ctl, {"id": msg["id"], "error": str(exc)})
+                    _send(status, {"error": str(exc)})
+                    status.close()
+                else:
+                    self.children[pid] = status
+                    _send(status, {"pid": pid})
             elif op == "kill":
                 pid, sig = int(msg["pid"]), int(msg["sig"])
                 if pid in self.children:
@@ -225,6 +318,9 @@ class _Spawner:
         return True
 
     def _kill_children(self) -> None:
+        if self.ready is not None:
+            self.ready[1].close()
+            self.ready = None
         for pid in list(self.children):
             try:
                 os.killpg(pid, _SIGKILL)
