@@ -19,16 +19,17 @@ import json
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ._errors import RecordError
+from ._errors import HostCallError, StorageError
 from ._ids import is_cell_id
 from ._models import Check, Verdict
 from .modes import TaskMode
-from .store.blobs import FileBlobStore
+from .schema import json_depth
+from .store.blobs import FileBlobStore, open_beneath
 from .store.ledger import Ledger
 
 __all__ = ["CHECKS", "Submission", "verify", "RecordView", "LiveFiles", "RecordedFiles"]
@@ -39,6 +40,10 @@ CHECKS: dict[str, str] = {
     "output_not_json": "output is a JSON-serialisable dict",
     "output_too_large": "output stays within the size and depth bounds",
     "output_schema": "output matches output_schema when one is given",
+    "schema_invalid": "output_schema, when given, is a valid JSON Schema: its patterns "
+                      "compile and its $refs point inside it",
+    "schema_too_costly": "output_schema can be checked within the Host's bounds (size, "
+                         "nesting, steps, and time for its patterns and in all)",
     "completion_bullets": "completion_bullets is a list of 1 to 4 non-empty strings",
     "task_status": "task_status is completed, partial, blocked or failed when given",
     "claim_unbacked": "every file or artifact that output claims is backed by this session",
@@ -47,6 +52,8 @@ CHECKS: dict[str, str] = {
                             "test_evidence are all given",
     "source_outside": "each source file is a workspace-relative path inside the workspace",
     "source_missing": "each source file exists",
+    "source_not_regular_file": "each source file is a regular file (not a FIFO, device, "
+                               "socket or directory)",
     "source_hash_mismatch": "a declared sha256 matches the file's current bytes",
     "source_not_saved": "each source file's current bytes were saved as an artifact of "
                         "this session",
@@ -177,47 +184,117 @@ class RecordView:
 
     def manifest(self, sha256: str) -> dict[str, str] | None:
         """A receipt's workspace manifest, or None when missing or altered."""
-        if not self.blob_ok(sha256):
+        data = self.blob_bytes(sha256)
+        if data is None:
             return None
         try:
-            data = json.loads(self.blobs.read(sha256))
+            manifest = json.loads(data)
         except ValueError:
             return None
-        return data if isinstance(data, dict) else None
+        return manifest if isinstance(manifest, dict) else None
 
     def blob_ok(self, sha256: str) -> bool:
-        """Whether the stored bytes still hash to ``sha256`` (re-hashed once per view)."""
+        """Whether the stored bytes still hash to ``sha256`` (re-hashed once per view).
+
+        False too when the blob is missing or something other than a regular
+        file is in its place (a FIFO is refused, never read).
+        """
         known = self._blob_ok.get(sha256)
         if known is None:
             known = self._blob_ok[sha256] = self.blobs.hash_of(sha256) == sha256
         return known
 
+    def blob_bytes(self, sha256: str) -> bytes | None:
+        """A blob's bytes, read once and verified against its name; None when that fails."""
+        try:
+            data = self.blobs.read(sha256)
+        except (StorageError, ValueError):
+            self._blob_ok[sha256] = False
+            return None
+        self._blob_ok[sha256] = True
+        return data
+
+
+#: A workspace file's bytes are kept for :meth:`LiveFiles.source` when at most this big.
+KEEP_SOURCE_BYTES = 8 * 1024 * 1024
+
 
 class LiveFiles:
-    """The workspace as it is now: used when the Host verifies a submission."""
+    """The workspace as it is now: used when the Host verifies a submission.
+
+    Each file is opened once per verdict, from the workspace root with no
+    symlink followed after resolving and never blocking, and only when it is a
+    regular file; the bytes compiled as an entry point are the bytes hashed.
+    """
 
     def __init__(self, root: Path, record: Path) -> None:
         self.root = Path(os.path.realpath(root))
         self.record = Path(os.path.realpath(record))
+        self._read: dict[str, tuple[str, bytes | None]] = {}
 
-    def inside(self, rel: str) -> bool:
+    def _real(self, rel: str) -> Path | None:
         real = Path(os.path.realpath(self.root / rel))
         inside = real == self.root or self.root in real.parents
         in_record = real == self.record or self.record in real.parents
-        return inside and not in_record
+        return real if inside and not in_record else None
+
+    def inside(self, rel: str) -> bool:
+        return self._real(rel) is not None
 
     def sha256(self, rel: str) -> str | None:
+        """The file's sha256; None when it does not exist or is outside the workspace.
+
+        Raises FileProblem ``not_regular_file`` (a FIFO, device, socket or
+        directory) or PathRefused ``symlink_refused`` (a folder swapped for a
+        symlink while it was opened), at once.
+        """
+        done = self._read.get(rel)
+        if done is not None:
+            return done[0]
+        real = self._real(rel)
+        if real is None:
+            return None
+        hasher = hashlib.sha256()
+        kept: bytearray | None = bytearray()
         try:
-            with open(self.root / rel, "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
+            with open_beneath(self.root, real.relative_to(self.root).as_posix(),
+                              label=repr(rel)) as f:
+                while chunk := f.read(1024 * 1024):
+                    hasher.update(chunk)
+                    if kept is not None and len(kept) + len(chunk) <= KEEP_SOURCE_BYTES:
+                        kept += chunk
+                    else:
+                        kept = None
         except OSError:
             return None
+        sha = hasher.hexdigest()
+        self._read[rel] = (sha, None if kept is None else bytes(kept))
+        return sha
 
     def source(self, rel: str) -> bytes | None:
+        """The bytes :meth:`sha256` hashed; None when unreadable.
+
+        A file over KEEP_SOURCE_BYTES is read again, and its bytes are given
+        only if they still have the sha256 first seen.
+        """
         try:
-            return (self.root / rel).read_bytes()
-        except OSError:
+            sha = self.sha256(rel)
+        except HostCallError:
             return None
+        if sha is None:
+            return None
+        kept = self._read[rel][1]
+        if kept is not None:
+            return kept
+        real = self._real(rel)
+        try:
+            if real is None:
+                return None
+            with open_beneath(self.root, real.relative_to(self.root).as_posix()) as f:
+                data = f.read()
+        except (OSError, HostCallError):
+            return None
+        return data if hashlib.sha256(data).hexdigest() == sha else None
 
 
 class RecordedFiles:
@@ -235,24 +312,37 @@ class RecordedFiles:
 
     def source(self, rel: str) -> bytes | None:
         sha = self.seen.get(rel)
-        if sha is None or not self.blobs.exists(sha):
+        if sha is None:
             return None
-        return self.blobs.read(sha)
+        try:
+            return self.blobs.read(sha)
+        except (StorageError, ValueError):
+            return None
 
 
 class _Recording:
-    """Wraps a files view and remembers every hash it gave, so audit can re-verify."""
+    """Wraps a files view and remembers every hash it gave, so audit can re-verify.
+
+    A file the view refused to read (not a regular file, a symlink met while
+    opening it) hashes to None here; :attr:`refused` keeps why, for the check
+    that reports it.
+    """
 
     def __init__(self, files: Any, seen: dict[str, str | None]) -> None:
         self.files = files
         self.seen = seen
+        self.refused: dict[str, HostCallError] = {}
 
     def inside(self, rel: str) -> bool:
         return bool(self.files.inside(rel))
 
     def sha256(self, rel: str) -> str | None:
         if rel not in self.seen:
-            self.seen[rel] = self.files.sha256(rel)
+            try:
+                self.seen[rel] = self.files.sha256(rel)
+            except HostCallError as exc:
+                self.seen[rel] = None
+                self.refused[rel] = exc
         return self.seen[rel]
 
     def source(self, rel: str) -> bytes | None:
@@ -284,22 +374,6 @@ class _Checks:
         return not any(c.code == code and not c.ok for c in self.items)
 
 
-def _depth(value: Any, limit: int) -> int:
-    depth, frontier = 0, [value]
-    while frontier:
-        depth += 1
-        if depth > limit:
-            return depth
-        nxt: list[Any] = []
-        for v in frontier:
-            if isinstance(v, dict):
-                nxt.extend(v.values())
-            elif isinstance(v, list):
-                nxt.extend(v)
-        frontier = nxt
-    return depth - 1
-
-
 def _claims(value: Any, under_claim: bool = False, found: list[str] | None = None) -> list[str]:
     """Strings in ``output`` that name files or artifacts (under claim-like keys)."""
     found = [] if found is None else found
@@ -326,7 +400,7 @@ def _check_every_mode(sub: Submission, c: _Checks) -> None:
                                   f"dict of plain values")
     else:
         text = json.dumps(out)
-        if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES or _depth(out, MAX_OUTPUT_DEPTH) > \
+        if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES or json_depth(out, MAX_OUTPUT_DEPTH) > \
                 MAX_OUTPUT_DEPTH:
             c.fail("output_too_large", f"output is over {MAX_OUTPUT_BYTES} bytes or "
                                        f"{MAX_OUTPUT_DEPTH} levels deep; save large results as "
@@ -348,21 +422,6 @@ def _check_every_mode(sub: Submission, c: _Checks) -> None:
                               f"{', '.join(STATUSES)}")
     elif sub.task_status is not None:
         c.ok("task_status")
-
-
-def _check_schema(out: Any, schema: Any, c: _Checks) -> None:
-    import jsonschema
-
-    try:
-        jsonschema.validate(out, schema)
-    except jsonschema.SchemaError as exc:
-        c.fail("output_schema", f"output_schema is not a valid JSON Schema: {exc.message}")
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
-        c.fail("output_schema", f"output does not match output_schema at {where}: "
-                                f"{exc.message}")
-    else:
-        c.ok("output_schema")
 
 
 def _check_claims(out: dict[str, Any], c: _Checks) -> None:
@@ -450,6 +509,14 @@ def _check_declarations(sub: Submission, c: _Checks) -> None:
             continue
         source_paths.add(rel)
         current = files.sha256(rel)
+        refused = files.refused.get(rel)
+        if refused is not None and refused.code == "symlink_refused":
+            c.fail("source_outside", f"source file {refused.message}")
+            continue
+        if refused is not None:
+            c.fail("source_not_regular_file", f"source file {refused.message}; declare the "
+                                              f"files that hold the code")
+            continue
         if current is None:
             c.fail("source_missing", f"source file {rel!r} does not exist")
             continue
@@ -485,9 +552,9 @@ def _check_declarations(sub: Submission, c: _Checks) -> None:
         c.fail("architecture_summary", "architecture_summary must be a paragraph (at least a "
                                        "sentence) saying what each module owns")
     _check_evidence(sub, c, source_paths)
-    for code in ("source_outside", "source_missing", "source_hash_mismatch",
-                 "source_not_saved", "entry_point_not_source", "entry_point_syntax",
-                 "architecture_summary", "declarations_missing"):
+    for code in ("source_outside", "source_missing", "source_not_regular_file",
+                 "source_hash_mismatch", "source_not_saved", "entry_point_not_source",
+                 "entry_point_syntax", "architecture_summary", "declarations_missing"):
         if c.passed(code):
             c.ok(code)
 
@@ -613,13 +680,14 @@ def _check_receipt(label: str, command: str, receipt: dict[str, Any], view: Reco
                                  f"and cite the new cell")
     sha = receipt.get("stdout_sha256", "")
     err_sha = receipt.get("stderr_sha256", "")
-    if not (view.blob_ok(sha) and view.blob_ok(err_sha)):
+    out = view.blob_bytes(sha) if isinstance(sha, str) else None
+    err = view.blob_bytes(err_sha) if isinstance(err_sha, str) else None
+    if out is None or err is None:
         c.fail("receipt_output_altered", f"{label}: the recorded output no longer matches its "
                                          f"sha256; the record was altered")
         return
-    stdout = view.blobs.read(sha).decode("utf-8", "replace")
-    stderr = view.blobs.read(err_sha).decode("utf-8", "replace")
-    _check_test_output(label, command, stdout, stderr, c)
+    _check_test_output(label, command, out.decode("utf-8", "replace"),
+                       err.decode("utf-8", "replace"), c)
 
 
 def _check_test_output(label: str, command: str, stdout: str, stderr: str, c: _Checks) -> None:
@@ -668,6 +736,19 @@ def _pytest_summary(stdout: str) -> dict[str, int] | None:
                 counts[what] = counts.get(what, 0) + int(n)
             return counts
     return None
+
+
+# --------------------------------------------------------------------------- output_schema
+
+def _check_schema(out: Any, schema: Any, c: _Checks) -> None:
+    """``output`` against ``output_schema``, bounded (host_kernel/schema.py)."""
+    from .schema import check_output_schema
+
+    failure = check_output_schema(out, schema)
+    if failure is None:
+        c.ok("output_schema")
+    else:
+        c.fail(*failure)
 
 
 # --------------------------------------------------------------------------- entry point

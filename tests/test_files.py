@@ -70,7 +70,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Host, Pat
 @pytest.mark.parametrize("call", ["write_file({p!r}, 'x')", "edit_file({p!r}, 'a', 'b')",
                                   "read_file({p!r})", "save_artifact({p!r})"])
 @pytest.mark.parametrize("p", ["/etc/passwd", "../outside.txt", "sub/../../outside.txt",
-                               ".host_kernel/ledger.sqlite", "link_out/x.txt"])
+                               "link_record/ledger.sqlite", "link_out/x.txt"])
 def test_paths_leaving_the_workspace_are_refused_for_every_file_call(
         shared: tuple[Host, Path], call: str, p: str) -> None:
     host, workdir = shared
@@ -80,6 +80,8 @@ def test_paths_leaving_the_workspace_are_refused_for_every_file_call(
     (outside / "x.txt").write_text("secret")
     if not (workdir / "link_out").exists():
         os.symlink(outside, workdir / "link_out")
+    if not (workdir / "link_record").exists():  # the record lives outside the workspace
+        os.symlink(host.record_dir, workdir / "link_record")
     before = sorted(str(q) for q in workdir.parent.rglob("*"))
     msg = _err(host, "host." + call.format(p=p))
     assert msg.startswith("PathRefused path_refused"), msg

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import nbformat
@@ -40,6 +40,7 @@ from .._errors import (
     HostKernelError,
     KernelError,
     RecordError,
+    StorageError,
 )
 from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Status, Verdict
@@ -852,15 +853,13 @@ class Host:
         if filename is not None and (not isinstance(filename, str) or not filename.strip()
                                      or "/" in filename or "\x00" in filename):
             raise BadArguments("save_artifact: filename must be a plain file name (no '/')")
-        real = self.workspace.resolve(path)
-        if real.is_dir():
-            raise FileProblem(f"{path!r} is a directory; save_artifact takes one file")
-        if not real.exists():
-            raise FileProblem(f"{path!r} does not exist in the workspace")
         assert self.blobs is not None
-        ref = self.blobs.put_file(real)
-        name = filename or real.name
-        rel = self.workspace.relative(real)
+        # Opened once, beneath the root without following symlinks, checked to be a
+        # regular file; the bytes stored and hashed are those of that open file.
+        rel, src = self.workspace.open_file(path)
+        with src:
+            ref = self.blobs.put_stream(src)
+        name = filename or PurePosixPath(rel).name
         media = mimetypes.guess_type(name)[0] or "application/octet-stream"
         body = {"artifact_id": mint_uuid(), "filename": name, "sha256": ref.sha256,
                 "size": ref.size, "media_type": media, "cell_id": cell.cell_id,
@@ -900,10 +899,13 @@ class Host:
         row = self._artifact_row(args.get("artifact_id"))
         target = args.get("path") or row["filename"]
         assert self.blobs is not None
-        if self.blobs.hash_of(row["sha256"]) != row["sha256"]:
+        try:
+            data = self.blobs.read(row["sha256"])  # read once, and only if it hashes right
+        except StorageError as exc:
             raise FileProblem(f"artifact {row['artifact_id']}'s stored bytes no longer match "
-                              f"its sha256; the store was altered")
-        written = self.workspace.write_bytes(target, self.blobs.read(row["sha256"]))
+                              f"its sha256; the store was altered ({exc.message})",
+                              code=exc.code) from None
+        written = self.workspace.write_bytes(target, data)
         cell.io.loads.append((row["artifact_id"], written.path, row["sha256"]))
         self._append("artifact_loaded", {"cell_id": cell.cell_id,
                                          "artifact_id": row["artifact_id"], "path": written.path})

@@ -1,8 +1,14 @@
-"""The workspace: resolving paths that cell code names, and writing files atomically.
+"""The workspace: resolving paths that cell code names, reading and hashing files, and
+writing files atomically.
 
 Owns the rule of where the kernel's file API may reach: a relative path that
 resolves (symlinks followed) inside the workspace root and outside the record
-folder. It does not decide what gets recorded; the Host does.
+folder. A file is read or hashed by opening the resolved path once, folder by
+folder from the root with no symlink followed (a folder swapped for a symlink
+after resolving is refused, ``symlink_refused``), never blocking, and only when
+it is a regular file (a FIFO, device or socket is refused, ``not_regular_file``);
+the bytes hashed are the bytes used. It does not decide what gets recorded; the
+Host does.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from io import BufferedReader
 from pathlib import Path, PurePosixPath
 
-from .._errors import BadArguments, FileProblem, PathRefused, StorageError
+from .._errors import BadArguments, FileProblem, HostCallError, PathRefused, StorageError
+from ..store.blobs import open_beneath, open_regular
 
 __all__ = ["Workspace", "WrittenFile", "cached_sha256", "file_sha256", "snapshot"]
 
@@ -88,14 +96,35 @@ class Workspace:
 
     # -- reading and writing
 
-    def read_bytes(self, path: object) -> tuple[str, bytes]:
-        real = self.resolve(path)
-        if real.is_dir():
+    def open_file(self, path: object, *, what: str = "path") -> tuple[str, BufferedReader]:
+        """(workspace-relative path, the open file) for a regular file cell code names.
+
+        Resolved by :meth:`resolve`, then opened once from the root without
+        following a symlink (:func:`~host_kernel.store.blobs.open_beneath`) and
+        without blocking. Refuses with FileProblem (``file_problem``: missing or a
+        directory; ``not_regular_file``: a FIFO, device or socket) or PathRefused
+        (``symlink_refused``: a folder on the way was swapped for a symlink).
+        Read and hash the returned file: it is the one that was checked.
+        """
+        real = self.resolve(path, what=what)
+        if real == self.root or real.is_dir():
             raise FileProblem(f"{path!r} is a directory, not a file")
+        rel = self.relative(real)
         try:
-            return self.relative(real), real.read_bytes()
+            return rel, open_beneath(self.root, rel, label=repr(path))
         except FileNotFoundError:
             raise FileProblem(f"{path!r} does not exist in the workspace") from None
+        except HostCallError:
+            raise
+        except OSError as exc:
+            raise FileProblem(f"cannot read {path!r}: {exc.strerror}") from None
+
+    def read_bytes(self, path: object) -> tuple[str, bytes]:
+        """(workspace-relative path, its bytes), read through :meth:`open_file`."""
+        rel, f = self.open_file(path)
+        try:
+            with f:
+                return rel, f.read()
         except OSError as exc:
             raise FileProblem(f"cannot read {path!r}: {exc.strerror}") from None
 
@@ -138,11 +167,30 @@ class Workspace:
         return WrittenFile(self.relative(real), hashlib.sha256(data).hexdigest(), len(data))
 
 
-def file_sha256(path: Path) -> str | None:
+def _open_for_hash(path: Path, follow_symlinks: bool, root: Path | None) -> BufferedReader:
+    if root is None:
+        return open_regular(path, follow_symlinks=follow_symlinks)
+    root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(path))
+    if real != root and root not in real.parents:
+        raise PathRefused(f"{path} resolves outside {root}")
+    return open_beneath(root, real.relative_to(root).as_posix())
+
+
+def file_sha256(path: Path, *, follow_symlinks: bool = True,
+                root: Path | None = None) -> str | None:
+    """sha256 of a regular file's bytes; None when it is missing or is not a regular file.
+
+    Never blocks: a FIFO, device or socket gives None without being read. With
+    ``root`` (a real path), ``path`` must resolve inside it and is opened from
+    it with no symlink followed (:func:`~host_kernel.store.blobs.open_beneath`);
+    without, ``follow_symlinks`` says whether a symlink at the last component is
+    followed (an executable on PATH often is one).
+    """
     try:
-        with open(path, "rb") as f:
+        with _open_for_hash(path, follow_symlinks, root) as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
+    except (OSError, HostCallError):
         return None
 
 
@@ -159,19 +207,32 @@ def stat_key(st: os.stat_result) -> FileStat:
 
 def cached_sha256(root: Path, rel: str, cache: HashCache,
                   known: FileStat | None = None) -> str | None:
-    """sha256 of a workspace file, re-hashed only when its stat key changed."""
-    full = os.path.join(root, rel)  # str paths: this runs once per file a cell read
-    if known is None:
+    """sha256 of a workspace file, re-hashed only when its stat key changed.
+
+    ``known`` is a stat key the caller just took (a snapshot's); when the cache
+    holds a hash for exactly that key, nothing is opened. Otherwise the file is
+    opened once, inside ``root`` with no symlink followed and never blocking
+    (None for anything but a regular file inside ``root``), its key is taken
+    from the open descriptor and the hash from the same descriptor's bytes; it
+    is cached only if the key did not change while it was read.
+    """
+    hit = cache.get(rel)
+    if known is not None and hit is not None and hit[0] == known:
+        return hit[1]
+    try:
+        f = _open_for_hash(Path(os.path.join(root, rel)), False, root)
+    except (OSError, HostCallError):
+        return None
+    with f:
         try:
-            known = stat_key(os.stat(full))
+            key = stat_key(os.fstat(f.fileno()))
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+            if stat_key(os.fstat(f.fileno())) == key:
+                cache[rel] = (key, sha)
         except OSError:
             return None
-    hit = cache.get(rel)
-    if hit is not None and hit[0] == known:
-        return hit[1]
-    sha = file_sha256(Path(full))
-    if sha is not None:
-        cache[rel] = (known, sha)
     return sha
 
 

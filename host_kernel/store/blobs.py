@@ -9,8 +9,19 @@ A put copies in one pass that hashes while it writes, fsyncs, and renames into
 place; identical bytes are stored once. A Host killed mid-put leaves at most a
 file in ``tmp/``, which :meth:`FileBlobStore.sweep` removes.
 
-This module owns the local-filesystem default. :class:`BlobStore` is the seam
-for another backend (object storage).
+Every file that is hashed and then used, a blob or a file put into the store,
+is opened once, by :func:`open_regular`: without following a symlink, without
+blocking (a FIFO opened for reading waits for a writer forever), and checked on
+the open descriptor to be a regular file; the bytes hashed are the bytes used.
+A read verifies: :meth:`FileBlobStore.read` returns a blob's bytes only when
+they hash to its name. The refusals carry stable codes: ``not_regular_file``
+(a FIFO, device, socket or directory), ``symlink_refused``, ``blob_missing``,
+``blob_altered``.
+
+This module owns the local-filesystem default and that safe opening
+(:func:`open_regular`, :func:`open_beneath`, which the workspace and the
+verifier use too). :class:`BlobStore` is the seam for another backend (object
+storage).
 """
 
 from __future__ import annotations
@@ -19,17 +30,20 @@ import errno
 import hashlib
 import os
 import queue
+import stat
 import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from io import BufferedReader
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
 
-from .._errors import StorageError
+from .._errors import FileProblem, HostCallError, PathRefused, StorageError
 from .._procs import pid_alive
 
-__all__ = ["BlobRef", "BlobStore", "FileBlobStore", "EMPTY_SHA256"]
+__all__ = ["EMPTY_SHA256", "BlobRef", "BlobStore", "FileBlobStore", "file_kind",
+           "open_beneath", "open_regular"]
 
 CHUNK = 4 * 1024 * 1024
 #: Buffers in flight between the copying and the hashing thread (memory: BUFFERS * CHUNK).
@@ -46,9 +60,13 @@ class BlobRef:
 class BlobStore(Protocol):
     def put_file(self, path: str | Path) -> BlobRef: ...
 
+    def put_stream(self, src: BinaryIO) -> BlobRef: ...
+
     def put_bytes(self, data: bytes) -> BlobRef: ...
 
     def open(self, sha256: str) -> BinaryIO: ...
+
+    def read(self, sha256: str) -> bytes: ...
 
     def exists(self, sha256: str) -> bool: ...
 
@@ -56,6 +74,129 @@ class BlobStore(Protocol):
 
     def __iter__(self) -> Iterator[str]: ...
 
+
+# --------------------------------------------------------------------------- opening safely
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words: "a FIFO (named pipe)", "a directory", "a regular file"."""
+    return _KINDS.get(stat.S_IFMT(mode), "a regular file" if stat.S_ISREG(mode)
+                      else "not a regular file")
+
+
+def _not_regular(label: str, mode: int) -> FileProblem:
+    return FileProblem(f"{label} is {file_kind(mode)}, not a regular file; only regular files "
+                       f"can be read, hashed or saved", code="not_regular_file")
+
+
+def _symlink(label: str) -> PathRefused:
+    return PathRefused(f"{label} is a symlink where a regular file must be; give the path of "
+                       f"the file itself", code="symlink_refused")
+
+
+def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = False,
+                 dir_fd: int | None = None, label: str | None = None) -> BufferedReader:
+    """Open a regular file for reading, once, without ever blocking.
+
+    Whatever is at ``path`` is looked at before it is opened (so a device is
+    never opened), then opened with ``O_NONBLOCK`` (a FIFO opened for reading
+    would otherwise wait for a writer forever) and ``O_NOFOLLOW`` unless
+    ``follow_symlinks``, then checked again on the open descriptor, which is
+    what the caller reads: a swap between the look and the open is caught.
+    ``O_NONBLOCK`` is cleared before the file is handed back.
+
+    Raises FileProblem with code ``not_regular_file`` (a FIFO, device, socket
+    or directory) or PathRefused with code ``symlink_refused`` (the last
+    component is a symlink and ``follow_symlinks`` is false), both naming
+    ``label`` (default: the path). A missing file raises FileNotFoundError;
+    other OSErrors pass through.
+    """
+    label = label if label is not None else repr(os.fspath(path))
+    try:
+        before = os.stat(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise _symlink(label) from None
+        raise
+    if stat.S_ISLNK(before.st_mode):
+        raise _symlink(label)
+    if not stat.S_ISREG(before.st_mode):
+        raise _not_regular(label, before.st_mode)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and not follow_symlinks:
+            raise _symlink(label) from None
+        if exc.errno == errno.ENXIO:  # a socket put in place since the look
+            raise FileProblem(f"{label} is a socket, not a regular file; only regular files "
+                              f"can be read, hashed or saved", code="not_regular_file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(label, mode)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_beneath(root: str | os.PathLike[str], rel: str | PurePosixPath, *,
+                 label: str | None = None) -> BufferedReader:
+    """Open ``root/rel`` for reading, following no symlink on the way, and only a regular file.
+
+    ``rel`` is a relative path with no symlink in it (the part under ``root``
+    of a path that ``os.path.realpath`` returned): each folder is opened from
+    the one before with ``O_NOFOLLOW``, so a folder swapped for a symlink
+    after the path was resolved (one leading out of ``root``) is refused with
+    ``symlink_refused`` instead of followed. The file itself goes through
+    :func:`open_regular`. A missing file or folder raises FileNotFoundError.
+    """
+    pure = PurePosixPath(rel)
+    label = label if label is not None else repr(pure.as_posix())
+    if pure.is_absolute() or ".." in pure.parts:
+        raise PathRefused(f"{label} must be a relative path inside its root")
+    parts = pure.parts
+    if not parts:
+        raise FileProblem(f"{label} is a directory, not a regular file", code="not_regular_file")
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            try:
+                fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                   | os.O_CLOEXEC, dir_fd=fds[-1]))
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                try:
+                    mode = os.stat(part, dir_fd=fds[-1], follow_symlinks=False).st_mode
+                except OSError:
+                    raise FileNotFoundError(errno.ENOENT, "no such folder", part) from None
+                if stat.S_ISLNK(mode):
+                    raise PathRefused(f"{label}: the folder {part!r} on its way is a symlink "
+                                      f"(it was replaced after the path was resolved); it is "
+                                      f"not followed", code="symlink_refused") from None
+                raise FileNotFoundError(errno.ENOTDIR, f"{part!r} is not a folder",
+                                        part) from None
+        return open_regular(parts[-1], dir_fd=fds[-1], label=label)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -85,17 +226,25 @@ class FileBlobStore:
     # -- writing
 
     def put_file(self, path: str | Path) -> BlobRef:
-        """Copy ``path`` in, hashing while copying. Returns what was actually stored."""
+        """Copy ``path`` in, hashing while copying. Returns what was actually stored.
+
+        ``path`` is opened once by :func:`open_regular` (no symlink followed at
+        its last component, never blocking): a FIFO, device, socket or directory
+        is refused with FileProblem ``not_regular_file``, a symlink with
+        PathRefused ``symlink_refused``, before anything is copied.
+        """
         try:
-            src = open(path, "rb")
+            src = open_regular(path)
+        except HostCallError:
+            raise
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror}") from exc
         with src:
-            return self._put_stream(src)
+            return self.put_stream(src)
 
     def put_bytes(self, data: bytes) -> BlobRef:
         digest = hashlib.sha256(data).hexdigest()
-        if self.exists(digest):
+        if self._intact(digest):
             return BlobRef(digest, len(data))
         fd, tmp = self._tempfile()
         try:
@@ -107,12 +256,14 @@ class FileBlobStore:
             self._discard(tmp)
             raise self._storage_error(exc) from exc
 
-    def _put_stream(self, src: BinaryIO) -> BlobRef:
-        """One pass over ``src``: each chunk is written here while a second thread hashes it.
+    def put_stream(self, src: BinaryIO) -> BlobRef:
+        """Copy an open file in (one :func:`open_regular` opened), hashing while copying.
 
-        hashlib and file writes both release the GIL, so the copy costs about
-        max(write, hash) rather than their sum. Buffers rotate through a small
-        free list, which bounds memory at ``BUFFERS * CHUNK``.
+        One pass over ``src``: each chunk is written here while a second thread
+        hashes it, so the bytes stored are the bytes hashed. hashlib and file
+        writes both release the GIL, so the copy costs about max(write, hash)
+        rather than their sum. Buffers rotate through a small free list, which
+        bounds memory at ``BUFFERS * CHUNK``.
         """
         fd, tmp = self._tempfile()
         hasher = hashlib.sha256()
@@ -146,7 +297,7 @@ class FileBlobStore:
                     work.put(None)
                     worker.join()
                     digest = hasher.hexdigest()
-                    if self.exists(digest):
+                    if self._intact(digest):
                         # Stored already: these bytes are discarded, so need not reach disk.
                         self._discard(tmp)
                         return BlobRef(digest, size)
@@ -172,9 +323,11 @@ class FileBlobStore:
 
     def _commit(self, tmp: str, digest: str, size: int) -> BlobRef:
         final = self.path(digest)
-        if final.exists():
+        if self._intact(digest):
             os.unlink(tmp)
             return BlobRef(digest, size)
+        # Anything else at the name (altered bytes, a FIFO, a symlink) is replaced by the
+        # bytes just written, which do hash to it.
         final.parent.mkdir(exist_ok=True)
         os.chmod(tmp, 0o444)
         os.replace(tmp, final)
@@ -216,27 +369,65 @@ class FileBlobStore:
 
     # -- reading
 
-    def open(self, sha256: str) -> BinaryIO:
-        return open(self.path(sha256), "rb")
+    def open(self, sha256: str) -> BufferedReader:
+        """The blob's file, opened once, never blocking, a regular file only (not verified).
+
+        Raises StorageError with code ``blob_missing``, ``not_regular_file`` (a
+        FIFO, device, socket or directory put where the blob was) or
+        ``symlink_refused``; any other error opening it is ``storage_error``.
+        """
+        label = f"blob {sha256[:12]}… in the record's store"
+        try:
+            return open_regular(self.path(sha256), label=label)
+        except HostCallError as exc:
+            raise StorageError(f"{exc.message}; the store was altered", code=exc.code) from None
+        except FileNotFoundError:
+            raise StorageError(f"{label} is missing", code="blob_missing") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read {label}: {exc.strerror or exc}") from None
 
     def read(self, sha256: str) -> bytes:
+        """The blob's bytes, read once and returned only if they hash to ``sha256``.
+
+        Raises StorageError: ``blob_altered`` when the bytes read do not hash to
+        the name, or any code of :meth:`open`. It never blocks: a FIFO in the
+        blob's place is refused, not read.
+        """
         with self.open(sha256) as f:
-            return f.read()
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise StorageError(f"blob {sha256[:12]}… no longer hashes to its name; the store "
+                               f"was altered", code="blob_altered")
+        return data
 
     def exists(self, sha256: str) -> bool:
-        return self.path(sha256).exists()
+        """Whether a regular file (not a symlink, FIFO or other) is stored under the name."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path(sha256)).st_mode)
+        except OSError:
+            return False
 
     def hash_of(self, sha256: str) -> str | None:
-        """Re-hash the stored bytes; None when the blob is missing."""
+        """Re-hash the stored bytes; None when there are none to hash.
+
+        None when the name is not a sha256 digest, the blob is missing, or what
+        is there is not a regular file (a FIFO, device, socket, directory or
+        symlink put in its place, refused without blocking): a caller comparing
+        the result with ``sha256`` sees an unusable blob either way.
+        """
         try:
             f = self.open(sha256)
-        except FileNotFoundError:
+        except (ValueError, StorageError):
             return None
         with f:
-            return hashlib.file_digest(f, "sha256").hexdigest()  # type: ignore[arg-type]
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    def _intact(self, digest: str) -> bool:
+        return self.hash_of(digest) == digest
 
     def __iter__(self) -> Iterator[str]:
-        for sub in sorted(self.blobs.iterdir()):
-            if sub.is_dir():
-                for blob in sorted(sub.iterdir()):
-                    yield blob.name
+        """Every name under the store's folders, whatever it is (audit flags what is not a blob)."""
+        for sub in sorted(os.scandir(self.blobs), key=lambda e: e.name):
+            if sub.is_dir(follow_symlinks=False):
+                with os.scandir(sub.path) as entries:
+                    yield from sorted(e.name for e in entries)
