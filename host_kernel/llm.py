@@ -521,10 +521,10 @@ class LLMClient:
         name = self.config.api_key_env
         if name is None:
             return None
-        key = os.environ.get(name)
-        if not key:
+        value = os.environ.get(name)
+        if not value:
             raise LLMConfigError(f"environment variable {name} holding the API key is not set")
-        return key
+        return value
 
     def _send(self, request: httpx.Request, *, stream: bool, key: str | None) -> ChatResult:
         attempts = 0
