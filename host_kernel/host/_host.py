@@ -368,6 +368,9 @@ class Host:
 
     @property
     def kernel_pid(self) -> int | None:
+        """The pid of the process jupyter_client started for this generation: the kernel
+        itself when unconfined; confined, the sandbox's launcher, which leads the
+        kernel's process group (signal the group to reach the kernel) and exits with it."""
         return None if self._kernel is None else self._kernel.pid
 
     def _start_generation(self, reason: str) -> None:
