@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..sandbox.client import ConfinedProcess, Sandbox, popen_confined
+from .._errors import HostCallError
+from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confined
 from ..store.blobs import FileBlobStore
 from ._workspace import FileStat, HashCache, Workspace, cached_sha256, file_sha256, snapshot
 
@@ -269,7 +270,11 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     t0 = time.monotonic()
     proc: Any
     if ctx.sandbox is not None:
-        proc = popen_confined(ctx.sandbox, ["bash", "-c", command], cwd=str(cwd), env=env)
+        try:
+            proc = popen_confined(ctx.sandbox, ["bash", "-c", command], cwd=str(cwd), env=env)
+        except SandboxError as exc:
+            raise HostCallError(f"the command could not start: {exc}; the kernel generation "
+                                f"that asked for it has ended", code="sandbox_stopped") from None
     else:
         proc = subprocess.Popen(
             ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
