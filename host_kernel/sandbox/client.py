@@ -11,6 +11,7 @@ enforce them (``init``, ``landlock``).
 
 from __future__ import annotations
 
+import array
 import marshal
 import os
 import shutil
@@ -37,6 +38,20 @@ REPLY_TIMEOUT = 10.0
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _INIT_CODE = ("import sys; sys.path.insert(0, " + repr(_PACKAGE_PARENT) + "); "
               "from host_kernel.sandbox.init import main; sys.exit(main(sys.argv[1:]))")
+
+
+_INT = array.array("i")
+
+
+def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an SCM_RIGHTS message carried."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            ints = array.array("i")
+            ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
+            fds += list(ints)
+    return fds
 
 
 class SandboxError(OSError):
@@ -116,7 +131,8 @@ class ConfinedProcess:
     output while init is still handing it its orders.
     """
 
-    def __init__(self, sandbox: Sandbox, status: socket.socket, args: Sequence[str]) -> None:
+    def __init__(self, sandbox: Sandbox, status: socket.socket, args: Sequence[str],
+                 pid: int | None = None) -> None:
         self._sandbox = sandbox
         self._status = status
         self.args = list(args)
@@ -125,7 +141,7 @@ class ConfinedProcess:
         self.returncode: int | None = None
         #: Why init could not start the command, if it could not.
         self.error: str | None = None
-        self._pid: int | None = None
+        self._pid = pid
         self._lock = threading.Lock()
 
     @property
@@ -213,6 +229,9 @@ class Sandbox:
                                            "network": policy.network,
                                            "rules": ruleset_spec(policy)}))
         self.hello: dict[str, Any] = {}
+        #: A process init forked and confined ahead of time: (pid, orders, status) sockets.
+        self._offered: tuple[int, socket.socket, socket.socket] | None = None
+        self._offer_lock = threading.Lock()
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
@@ -238,15 +257,56 @@ class Sandbox:
         self.hello = marshal.loads(data)
         return self.hello
 
+    def _take_offer(self) -> tuple[int, socket.socket, socket.socket] | None:
+        """The waiting process init offered last, if its offer has arrived (no waiting)."""
+        with self._offer_lock:
+            while True:
+                try:
+                    # Not socket.recv_fds: it does not pass its flags on (3.11).
+                    data, ancdata, _, _ = self._host_end.recvmsg(
+                        4096, socket.CMSG_SPACE(2 * _INT.itemsize), socket.MSG_DONTWAIT)
+                except (BlockingIOError, OSError):
+                    break
+                fds = _fds_of(ancdata)
+                if not data:
+                    break
+                message = marshal.loads(data)
+                if "ready" in message and len(fds) == 2:
+                    if self._offered is not None:  # an older offer: let it go
+                        self._offered[1].close()
+                        self._offered[2].close()
+                    self._offered = (int(message["ready"]), socket.socket(fileno=fds[0]),
+                                     socket.socket(fileno=fds[1]))
+                else:
+                    for fd in fds:
+                        os.close(fd)
+            offered, self._offered = self._offered, None
+            return offered
+
     def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
               stdin: int, stdout: int, stderr: int) -> ConfinedProcess:
-        """Start ``argv`` confined, in a session of its own, with these descriptors."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        """Start ``argv`` confined, in a session of its own, with these descriptors.
+
+        Most often the process is already there: init forked and confined it ahead of
+        time, and the orders go straight to it. Otherwise init forks one on request.
+        """
         # Resolved here with the command's own PATH, as execvp would, so the confined
         # child makes one execve instead of a walk along PATH.
         found = shutil.which(argv[0], path=env.get("PATH", os.defpath)) if argv else None
-        message = marshal.dumps({"op": "spawn", "argv": list(argv), "cwd": cwd,
-                                 "env": dict(env), "file": found or argv[0]})
+        orders = {"argv": list(argv), "cwd": cwd, "env": dict(env), "file": found or argv[0]}
+        offered = self._take_offer()
+        if offered is not None:
+            pid, orders_socket, status = offered
+            try:
+                socket.send_fds(orders_socket, [marshal.dumps(orders)], [stdin, stdout, stderr])
+            except OSError:
+                status.close()  # it died waiting: ask init for a fresh one below
+            else:
+                return ConfinedProcess(self, status, argv, pid=pid)
+            finally:
+                orders_socket.close()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        message = marshal.dumps({"op": "spawn", **orders})
         try:
             socket.send_fds(self._host_end, [message], [stdin, stdout, stderr, theirs.fileno()])
         except OSError as exc:
@@ -272,6 +332,11 @@ class Sandbox:
         except OSError:
             pass
         self._host_end.close()
+        with self._offer_lock:
+            if self._offered is not None:
+                self._offered[1].close()
+                self._offered[2].close()
+                self._offered = None
 
 
 def popen_confined(sandbox: Sandbox, argv: Sequence[str], *, cwd: str,

@@ -1,9 +1,9 @@
 """The sandbox's first process: namespaces, ``/proc``, Landlock, then the kernel.
 
-Run by the Host as ``python -I -m host_kernel.sandbox.init --control FD -- ARGV…``
+Run by the Host as ``python -I -S -c "…main(…)" --control FD -- ARGV…``
 (jupyter_client launches it in place of the kernel). It owns, in order:
 
-1. **Launcher** (in the Host's PID namespace): reads the session's policy from
+1. **Launcher** (in the Host's PID namespace): reads the session's ruleset from
    the control socket, then ``unshare``s a user, mount and PID namespace,
    mapping the user to itself (no new privilege outside), and forks. It waits
    for its child and exits with its status, so jupyter_client sees one process
@@ -11,11 +11,12 @@ Run by the Host as ``python -I -m host_kernel.sandbox.init --control FD -- ARGV�
 2. **Init** (PID 1 of the new namespace): mounts a fresh ``/proc`` that shows
    only the sandbox's processes (the Host, its pid and its environment block are
    not there to read), builds the Landlock ruleset once, and starts the kernel.
-3. **Spawner**: serves the Host's requests over the control socket (a
-   socketpair nobody else holds): start a command (``host.bash``) with the
-   file descriptors the Host passes, each in a new Landlock domain of its own;
-   signal a command's process group; report each exit. It reaps every
-   orphan, as an init must.
+3. **Spawner**: keeps one command's process forked and confined ahead of
+   time and hands the Host its two sockets (orders in, exit status out), so a
+   ``host.bash`` call sends its orders straight to it; serves the Host's
+   requests over the control socket (a socketpair nobody else holds): start a
+   command on request when none is waiting, signal a command's process group;
+   reports each exit, and reaps every orphan, as an init must.
 
 Each child is confined between fork and exec: parent-death signal, session,
 cwd, standard streams, default signal dispositions, ``no_new_privs`` and
@@ -192,31 +193,33 @@ class _Spawner:
         #: pid → the command's status socket (the Host reads its pid, then its exit).
         self.children: dict[int, Any] = {}
         self.main_pid = -1
-        #: The next command's process, forked and confined ahead of time, and its orders socket.
-        self.ready: tuple[int, Any] | None = None
+        #: The process last offered to the Host, until it exits (at most one at a time).
+        self.offered: int | None = None
 
-    def prepare(self) -> None:
-        """Fork the next command's process now, so a spawn request only has to send orders."""
-        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    def offer(self) -> None:
+        """Fork the next command's process ahead of time and hand the Host its sockets.
+
+        The child confines itself and waits for orders on a socket whose other end
+        goes to the Host, with the command's status socket: a ``host.bash`` call then
+        sends its orders straight to the waiting process, and init only reports the
+        exit. Another is offered once this one has exited.
+        """
+        orders_init, orders_child = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        status_init, status_host = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            ours.close()
-            _await_orders(theirs, self.ruleset_fd)
-        theirs.close()
-        self.ready = (pid, ours)
-
-    def start(self, orders_msg: dict[str, Any], fds: list[int]) -> int:
-        """Hand the orders (argv, cwd, env, file) to the waiting process; returns its pid."""
-        if self.ready is None:
-            self.prepare()
-        assert self.ready is not None
-        pid, orders = self.ready
-        self.ready = None
+            _await_orders(orders_child, self.ruleset_fd)  # closes every other descriptor
+        orders_child.close()
+        self.children[pid] = status_init
+        self.offered = pid
         try:
-            _socket_send_fds(orders, marshal.dumps(orders_msg), fds)
+            _socket_send_fds(self.ctl, marshal.dumps({"ready": pid}),
+                             [orders_init.fileno(), status_host.fileno()])
+        except OSError:
+            pass  # the Host is gone; the loop sees EOF next
         finally:
-            orders.close()
-        return pid
+            orders_init.close()
+            status_host.close()
 
     def spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
               new_session: bool) -> int:
@@ -235,18 +238,18 @@ class _Spawner:
         kernel_argv = [a.replace(SPAWNER_PID, me) for a in kernel_argv]
         self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
                                    new_session=False)
-        self.prepare()
+        self.offer()
         ctl_fd = self.ctl.fileno()
         while True:
-            # Once a command has taken the waiting process, make the next one when init is
-            # idle (not while that command starts and runs on the same CPUs).
-            idle = None if self.ready is not None else _PREPARE_WHEN_IDLE
+            # When the offered process has been used and has exited, offer the next when
+            # init is idle (not while a command starts and runs on the same CPUs).
+            idle = None if self.offered is not None else _PREPARE_WHEN_IDLE
             try:
                 ready, _, _ = select.select([ctl_fd, wake_r], [], [], idle)
             except InterruptedError:
                 continue
             if not ready:
-                self.prepare()
+                self.offer()
                 continue
             if wake_r in ready:
                 try:
@@ -271,18 +274,14 @@ class _Spawner:
             if pid == self.main_pid:
                 self._kill_children()
                 return code
-            if self.ready is not None and pid == self.ready[0]:
-                self.ready[1].close()  # the waiting process died unused: make another
-                self.ready = None
-                self.prepare()
-                continue
             status = self.children.pop(pid, None)
             if status is not None:
                 _send(status, {"exit": code})
                 status.close()
-                if self.ready is None:
-                    # The command is done: make the next one while the Host records it.
-                    self.prepare()
+            if pid == self.offered:
+                # Used and done (or dead unused): offer the next while the Host records it.
+                self.offered = None
+                self.offer()
 
     def _request(self) -> bool:
         try:
@@ -298,7 +297,8 @@ class _Spawner:
                 # fds: stdin, stdout, stderr, and the command's own status socket.
                 status = _socket.socket(fileno=os.dup(fds[3]))
                 try:
-                    pid = self.start(msg, fds[:3])
+                    pid = self.spawn(msg["argv"], msg["cwd"], msg["env"], fds[:3],
+                                     new_session=True)
                 except OSError as exc:
                     _send(status, {"error": str(exc)})
                     status.close()
@@ -318,9 +318,6 @@ class _Spawner:
         return True
 
     def _kill_children(self) -> None:
-        if self.ready is not None:
-            self.ready[1].close()
-            self.ready = None
         for pid in list(self.children):
             try:
                 os.killpg(pid, _SIGKILL)
