@@ -253,3 +253,18 @@ def test_the_launch_baseline_is_the_hosts_not_the_kernels(host: Host) -> None:
     # A kernel that rewrites its own token in the environment it sends cannot hide the change.
     obs = host.execute("import os\nos.environ['HOST_KERNEL_TOKEN'] = 'forged'\nhost.bash('true')")
     assert "HOST_KERNEL_TOKEN" in _receipt(host, obs.cell_id)["env_changed"]
+
+
+def test_a_command_that_closes_its_streams_and_runs_on_is_killed_when_its_cell_ends(
+        host: Host) -> None:
+    # The Host's reader has seen both streams close and now waits for the exit; when the
+    # cell times out, settling the cell's commands must not queue behind that wait.
+    t0 = time.monotonic()
+    obs = host.execute("r = host.bash('exec >&- 2>&-; sleep 60')", timeout=2)
+    assert obs.status == "timeout"
+    assert time.monotonic() - t0 < 20
+    assert "killed them and recorded their receipts" in obs.text
+    receipt = json.loads(host.ledger.query(
+        "SELECT body FROM receipts ORDER BY seq DESC LIMIT 1")[0]["body"])
+    assert receipt["signal"] == 9
+    assert host.execute("print('next')").status == "ok"

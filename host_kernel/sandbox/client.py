@@ -147,8 +147,11 @@ class ConfinedProcess:
     @property
     def pid(self) -> int:
         """The command's pid in the sandbox's PID namespace (0 if it never started)."""
-        with self._lock:
-            self._take_pid(REPLY_TIMEOUT)
+        if self._pid is None and self._lock.acquire(timeout=REPLY_TIMEOUT):
+            try:
+                self._take_pid(REPLY_TIMEOUT)
+            finally:
+                self._lock.release()
         return self._pid or 0
 
     def _take_pid(self, timeout: float | None) -> bool:
@@ -182,8 +185,16 @@ class ConfinedProcess:
         return message
 
     def _collect(self, timeout: float | None) -> bool:
-        """Take the exit code if it comes within ``timeout``; True once it is known."""
-        with self._lock:
+        """Take the exit code if it comes within ``timeout``; True once it is known.
+
+        One thread reads at a time; another that finds it reading does not queue
+        behind it (``poll`` answers "still running" at once, as Popen's does).
+        """
+        if self.returncode is not None:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return self.returncode is not None
+        try:
             if self.returncode is None:
                 if not self._take_pid(timeout):
                     return False
@@ -195,6 +206,8 @@ class ConfinedProcess:
                 self.returncode = int(reply["exit"])
                 self._status.close()
             return True
+        finally:
+            self._lock.release()
 
     def poll(self) -> int | None:
         self._collect(0.0)
