@@ -21,6 +21,7 @@ record. Every finding code is listed in docs/record.md.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -299,7 +300,9 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
             base = workdirs.get(row["session"])
             if not path or not sha or not base:
                 continue
-            current = file_sha256(Path(base) / path)
+            # Opened beneath the workspace: a symlink out of it is not followed.
+            root = Path(os.path.realpath(base))
+            current = file_sha256(root / path, root=root)
             if current != sha:
                 now = "is gone" if current is None else f"now hashes to {current[:12]}…"
                 report.findings.append(Finding(

@@ -99,7 +99,8 @@ class SessionLineage:
         sources = self._sources(cell_id, reads, io, "cell_end")
         for rel in writes:
             loaded = self.materialised.get(rel)
-            if loaded is not None and file_sha256(self.workspace.root / rel) != loaded[1]:
+            root = self.workspace.root
+            if loaded is not None and file_sha256(root / rel, root=root) != loaded[1]:
                 del self.materialised[rel]
         loaded_paths = {p for _, p, _ in io.loads}
         observe(self.tracker, cell_id, code, sources,
@@ -136,7 +137,7 @@ class SessionLineage:
             rel = self.workspace.relative(real)
             if rel in changed:
                 continue
-            sha = file_sha256(real)
+            sha = file_sha256(real, root=self.workspace.root)
             loaded = self.materialised.get(rel)
             key = f"artifact:{loaded[0]}" if loaded and loaded[1] == sha else file_key(rel)
             source = Source(key, RECEIPT, cell_id, sha)
@@ -167,7 +168,7 @@ class SessionLineage:
             truncated = self.tracker.is_truncated(rel)
         loaded = self.materialised.get(rel)
         if loaded is not None and not written_now and loaded[1] == file_sha256(
-                self.workspace.root / rel):
+                self.workspace.root / rel, root=self.workspace.root):
             # Saving a materialised artifact again: its input is that artifact.
             found = [Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, loaded[1])]
         return {"inputs": [self._item(s) for s in found], "truncated": truncated}
