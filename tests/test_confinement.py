@@ -383,3 +383,21 @@ def test_a_foreign_event_appended_by_another_process_stops_the_next_append(
     report = audit(host.record_dir)
     assert not report.clean
     assert "event_unauthenticated" in {f.code for f in report.findings}
+
+
+@needs_landlock
+def test_an_interpreter_or_package_inside_the_workspace_is_said_plainly(tmp_path: Path) -> None:
+    import host_kernel
+    from host_kernel.sandbox.client import probe
+    from host_kernel.sandbox.policy import Policy
+
+    package_home = Path(host_kernel.__file__).resolve().parent.parent
+    # A workspace holding the package (as when the workspace is this repository): the
+    # policy is computed, no kernel is started in it.
+    policy = Policy.for_session(package_home, tmp_path / "private", [tmp_path / "record"])
+    confinement = probe(policy)
+    assert str(package_home / "host_kernel") in confinement.interpreter_writable
+    notice = confinement.notice()
+    assert notice is not None and "installed inside the workspace" in notice
+    assert probe(Policy.for_session(tmp_path, tmp_path / "private",
+                                    [tmp_path / "record"])).interpreter_writable == []

@@ -116,8 +116,12 @@ class Policy:
         ws = _real(workspace)
         hidden = hidden_paths(records)
         readable = readable_roots(hidden)
+        # The interpreter, and host_kernel itself: the sandbox's init imports it unconfined,
+        # so a copy that confined code could change would be an escape (reported below).
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         interpreter = sorted({_real(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                 os.path.dirname(_real(sys.executable)))})
+                                                 os.path.dirname(_real(sys.executable)),
+                                                 package)})
         # The interpreter and its packages must be readable even when they live in a
         # hidden tree (a venv under /tmp, as CI makes one).
         extras = list(interpreter) + [p for p in sys.path if p and os.path.isdir(p)]
@@ -145,20 +149,6 @@ class Policy:
                 if inst == w or inst.startswith(w.rstrip("/") + "/"):
                     out.append(inst)
         return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"workspace": self.workspace, "writable": list(self.writable),
-                "readable": list(self.readable), "readable_files": list(self.readable_files),
-                "hidden": list(self.hidden), "network": self.network,
-                "interpreter": list(self.interpreter)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Policy:
-        return cls(workspace=data["workspace"], writable=tuple(data["writable"]),
-                   readable=tuple(data["readable"]),
-                   readable_files=tuple(data.get("readable_files", ())),
-                   hidden=tuple(data.get("hidden", ())), network=bool(data.get("network", True)),
-                   interpreter=tuple(data.get("interpreter", ())))
 
 
 def ruleset_spec(policy: Policy) -> list[tuple[str, int]]:
