@@ -401,3 +401,42 @@ def test_an_interpreter_or_package_inside_the_workspace_is_said_plainly(tmp_path
     assert notice is not None and "installed inside the workspace" in notice
     assert probe(Policy.for_session(tmp_path, tmp_path / "private",
                                     [tmp_path / "record"])).interpreter_writable == []
+
+
+@needs_landlock
+def test_a_cell_cannot_ptrace_the_sandboxs_init(confined: Host) -> None:
+    obs = confined.execute(
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "rc = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH to pid 1: init (or the Host's parent)\n"
+        "print(rc, os.strerror(ctypes.get_errno()))")
+    assert obs.outputs[0]["text"].split()[0] == "-1"
+
+
+@needs_landlock
+def test_code_planted_for_the_next_generation_runs_confined_or_not_at_all(
+        confined: Host, workdir: Path) -> None:
+    # A sitecustomize in the package overlay (first on the kernel's path) and a fake
+    # host_kernel package in the workspace and the overlay: init starts with -I -S and
+    # its own path, so neither reaches the unconfined code; the next kernel runs the
+    # sitecustomize confined, and its escape fails.
+    escape = "/tmp/hk-planted-escape"
+    plant = (
+        "import os\n"
+        "overlay = os.environ['PIP_TARGET']\n"
+        "payload = f\"open({escape!r}, 'w').write('escaped')\\n\"\n"
+        "open(os.path.join(overlay, 'sitecustomize.py'), 'w').write("
+        "'try:\\n    ' + payload + 'except OSError:\\n    open(\\'planted-ran\\', \\'w\\')\\n')\n"
+        "for root in (overlay, '.'):\n"
+        "    d = os.path.join(root, 'host_kernel', 'sandbox')\n"
+        "    os.makedirs(d, exist_ok=True)\n"
+        "    for f in ('host_kernel/__init__.py', 'host_kernel/sandbox/__init__.py'):\n"
+        "        open(os.path.join(root, f), 'w').write('')\n"
+        "    open(os.path.join(d, 'init.py'), 'w').write(payload + 'def main(a):\\n    return 0\\n')\n")
+    assert confined.execute(plant.replace("{escape!r}", repr(escape))).status == "ok"
+    assert confined.restart() == 2
+    assert confined.execute("print('next generation')").status == "ok"
+    assert not Path(escape).exists()
+    assert (workdir / "planted-ran").exists()  # the plant did run, in the confined kernel
+    assert confined.confinement is not None and confined.confinement.active
+    _denied(confined, f"open({escape!r}, 'w')")

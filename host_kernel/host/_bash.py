@@ -364,7 +364,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         "workspace_manifest_sha256": manifest_ref.sha256,
         "workspace_manifest_files": len(manifest),
         "shadowed_modules": shadowed,
-    }
+    } | ({"start_error": proc.error} if getattr(proc, "error", None) else {})
 
 
 def kill_group(proc: Any) -> bool:

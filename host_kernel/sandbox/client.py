@@ -11,7 +11,6 @@ enforce them (``init``, ``landlock``).
 
 from __future__ import annotations
 
-import array
 import marshal
 import os
 import shutil
@@ -24,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from .init import recv_with_fds
 from .landlock import abi_version
 from .policy import Policy, rules_for_record, ruleset_spec
 
@@ -38,20 +38,6 @@ REPLY_TIMEOUT = 10.0
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _INIT_CODE = ("import sys; sys.path.insert(0, " + repr(_PACKAGE_PARENT) + "); "
               "from host_kernel.sandbox.init import main; sys.exit(main(sys.argv[1:]))")
-
-
-_INT = array.array("i")
-
-
-def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    """The descriptors an SCM_RIGHTS message carried."""
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            ints = array.array("i")
-            ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
-            fds += list(ints)
-    return fds
 
 
 class SandboxError(OSError):
@@ -275,12 +261,9 @@ class Sandbox:
         with self._offer_lock:
             while True:
                 try:
-                    # Not socket.recv_fds: it does not pass its flags on (3.11).
-                    data, ancdata, _, _ = self._host_end.recvmsg(
-                        4096, socket.CMSG_SPACE(2 * _INT.itemsize), socket.MSG_DONTWAIT)
+                    data, fds = recv_with_fds(self._host_end, 4096, 2, socket.MSG_DONTWAIT)
                 except (BlockingIOError, OSError):
                     break
-                fds = _fds_of(ancdata)
                 if not data:
                     break
                 message = marshal.loads(data)

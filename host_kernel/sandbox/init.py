@@ -100,8 +100,11 @@ def _send(ctl: Any, message: dict[str, Any]) -> None:
         pass  # the Host is gone; the loop sees EOF next
 
 
-def _recv(ctl: Any) -> tuple[bytes, list[int]]:
-    data, ancdata, _, _ = ctl.recvmsg(_MAX_MSG, _socket.CMSG_SPACE(_MAX_FDS * 4))
+def recv_with_fds(sock: Any, bufsize: int = _MAX_MSG, maxfds: int = _MAX_FDS,
+                  flags: int = 0) -> tuple[bytes, list[int]]:
+    """One message and the descriptors it carried (the Host's side uses it too:
+    ``socket.recv_fds`` drops its ``flags`` in 3.11)."""
+    data, ancdata, _, _ = sock.recvmsg(bufsize, _socket.CMSG_SPACE(maxfds * 4), flags)
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -117,21 +120,35 @@ def _socket_send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
 
 def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
                 ruleset_fd: int, new_session: bool) -> None:
-    """In the forked child: confine, then exec. Never returns."""
+    """In a child forked on demand (the kernel, or a command when none was waiting):
+    confine, then exec. Never returns."""
     try:
-        os.chdir(cwd)
-        for target, fd in enumerate(fds[:3]):
-            if fd != target:
-                os.dup2(fd, target)
         _confine_self(ruleset_fd, new_session)
-        os.closerange(3, 1 << 20)
-        os.execvpe(argv[0], argv, env)
+        _exec_orders({"argv": argv, "cwd": cwd, "env": env}, fds)
     except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
-        try:
-            os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
-        finally:
-            os._exit(127)
-    os._exit(127)
+        _cannot_start(argv, exc)
+
+
+def _exec_orders(msg: dict[str, Any], fds: list[int]) -> None:
+    """cwd, the three standard streams, nothing else open, then ``execve``."""
+    argv = msg["argv"]
+    os.chdir(msg["cwd"])
+    for target, fd in enumerate(fds[:3]):
+        if fd != target:
+            os.dup2(fd, target)
+    os.closerange(3, 1 << 20)
+    file = msg.get("file") or argv[0]
+    if "/" in file:
+        os.execve(file, argv, msg["env"])
+    os.execvpe(file, argv, msg["env"])
+
+
+def _cannot_start(argv: list[str], exc: BaseException) -> None:
+    """Say why on the command's stderr and end the child; it never returns to init's loop."""
+    try:
+        os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
+    finally:
+        os._exit(127)
 
 
 def _confine_self(ruleset_fd: int, new_session: bool) -> None:
@@ -162,26 +179,14 @@ def _await_orders(orders: Any, ruleset_fd: int) -> None:
         keep = orders.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, 1 << 20)
-        data, fds = _recv(orders)
+        data, fds = recv_with_fds(orders)
         if not data or len(fds) != 3:
             os._exit(0)  # init let us go unused
         msg = marshal.loads(data)
         argv = msg["argv"]
-        os.chdir(msg["cwd"])
-        for target, fd in enumerate(fds):
-            if fd != target:
-                os.dup2(fd, target)
-        os.closerange(3, 1 << 20)
-        file = msg.get("file") or argv[0]
-        if "/" in file:
-            os.execve(file, argv, msg["env"])
-        os.execvpe(file, argv, msg["env"])
+        _exec_orders(msg, fds)
     except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
-        try:
-            os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
-        finally:
-            os._exit(127)
-    os._exit(127)
+        _cannot_start(argv, exc)
 
 
 class _Spawner:
@@ -285,7 +290,7 @@ class _Spawner:
 
     def _request(self) -> bool:
         try:
-            data, fds = _recv(self.ctl)
+            data, fds = recv_with_fds(self.ctl)
         except OSError:
             return False
         if not data:

@@ -142,8 +142,6 @@ class Ruleset:
     """A Landlock ruleset under construction: an fd the kernel holds until enforced."""
 
     def __init__(self, abi: int, *, network: bool = True, scoped: bool = True) -> None:
-        #: (path, rights) of every rule added, in order.
-        self.rules: list[tuple[str, int]] = []
         if abi < 1:
             raise LandlockError(errno.EOPNOTSUPP, "Landlock is not available on this system")
         self.abi = abi
@@ -178,13 +176,7 @@ class Ruleset:
                 raise LandlockError(err, f"landlock_add_rule({path}): {os.strerror(err)}")
         finally:
             os.close(pfd)
-        self.rules.append((path, access))
         return True
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def restrict_self(ruleset_fd: int) -> None:
