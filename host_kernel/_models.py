@@ -199,6 +199,8 @@ class Verdict:
     mode: str
     armed: bool
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    #: One section per test evidence entry the Host reproduced (docs/verification.md).
+    reproduction: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     @property
     def failed(self) -> tuple[Check, ...]:
@@ -212,6 +214,9 @@ class Verdict:
             if advice:
                 head += " Advice (not blocking): " + " ".join(
                     f"[{c.code}] {c.message}" for c in advice)
+            for c in self.checks:
+                if c.code == "reproduced" and c.ok:
+                    head += f" {c.message[0].upper()}{c.message[1:]}."
             return head
         lines = [f"Submission {self.submission_id} refused; fix each of these and submit again:"]
         lines += [f"- [{c.code}] {c.message}" for c in self.failed if not c.advisory]
@@ -220,10 +225,12 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["checks"] = [asdict(c) for c in self.checks]
+        d["reproduction"] = [dict(r) for r in self.reproduction]
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
         data = dict(data)
         data["checks"] = tuple(Check(**c) for c in data.get("checks", ()))
+        data["reproduction"] = tuple(data.get("reproduction", ()))
         return _from_dict(cls, data)

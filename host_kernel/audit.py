@@ -10,7 +10,11 @@ every blob's sha256; every receipt's stored stdout and stderr digests; every
 artifact's blob; every lineage input's recorded hash against the workspace
 file now (drift: reported, fatal only when strict); and every accepted
 submission, re-verified from the record alone (the source hashes the verdict
-saw, the receipts and artifacts before it).
+saw, the receipts and artifacts before it, and the reproduction the verdict
+recorded for the same tree and command). With ``reproduce=True`` it also
+re-runs every accepted submission's test evidence from the record (declared
+files and baseline from the blob store) and compares the outcome with the
+recorded one (``reproduction_differs``).
 
 It never writes: the ledger is opened with
 :meth:`~host_kernel.store.ledger.SQLiteLedger.open_readonly` and the blob
@@ -32,6 +36,7 @@ from ._errors import RecordError
 from ._paths import LEDGER_NAME
 from .host._workspace import file_sha256
 from .modes import TaskMode
+from .reproduce import RecordedRuns, Reproducer
 from .store.blobs import FileBlobStore
 from .store.ledger import (
     KEY_NAME,
@@ -71,6 +76,8 @@ class AuditReport:
     artifacts: int = 0
     lineage_inputs: int = 0
     submissions: int = 0
+    #: Test evidence entries re-run (``audit --reproduce``).
+    reproduced: int = 0
     #: The hash of the record's last event (its chain head); None when it has no events.
     head: str | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -88,7 +95,9 @@ class AuditReport:
         verdict = "clean" if self.clean else "FAILED"
         return (f"audit {verdict}: {self.events} events, {self.blobs} blobs, {self.receipts} "
                 f"receipts, {self.artifacts} artifacts, {self.lineage_inputs} lineage inputs, "
-                f"{self.submissions} accepted submissions re-verified; "
+                f"{self.submissions} accepted submissions re-verified"
+                + (f", {self.reproduced} test commands re-run" if self.reproduced else "")
+                + "; "
                 f"{sum(f.fatal for f in self.findings)} failures, "
                 f"{sum(not f.fatal for f in self.findings)} warnings")
 
@@ -101,7 +110,7 @@ def _no_progress(stage: str, done: int, total: int) -> None:
 
 
 def audit(record_dir: str | Path, *, strict: bool = False, expect_head: str | None = None,
-          progress: Progress = _no_progress) -> AuditReport:
+          progress: Progress = _no_progress, reproduce: bool = False) -> AuditReport:
     """Audit the record folder; ``strict`` makes lineage drift fatal.
 
     ``expect_head``: the hash of the last event as it was kept elsewhere (printed
@@ -120,7 +129,7 @@ def audit(record_dir: str | Path, *, strict: bool = False, expect_head: str | No
         report.findings.append(_unreadable(exc, db))
         return report
     try:
-        _audit(ledger, root, report, strict, expect_head, progress)
+        _audit(ledger, root, report, strict, expect_head, progress, reproduce)
     except RecordError as exc:
         report.findings.append(_unreadable(exc, db))
     finally:
@@ -139,7 +148,7 @@ def _unreadable(exc: RecordError, db: Path) -> Finding:
 
 
 def _audit(ledger: SQLiteLedger, root: Path, report: AuditReport, strict: bool,
-           expect_head: str | None, progress: Progress) -> None:
+           expect_head: str | None, progress: Progress, reproduce: bool = False) -> None:
     db = str(root / LEDGER_NAME)
     if ledger.wal_skipped:
         report.findings.append(Finding(
@@ -173,7 +182,7 @@ def _audit(ledger: SQLiteLedger, root: Path, report: AuditReport, strict: bool,
         _check_blobs(trusted, blobs, report, progress)
         _check_receipts(trusted, blobs, report)
         _check_lineage(trusted, blobs, report, strict)
-        _check_submissions(trusted, blobs, report)
+        _check_submissions(trusted, blobs, report, root if reproduce else None)
     finally:
         trusted.close()
 
@@ -311,31 +320,60 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
                     fatal=strict))
 
 
-def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport) -> None:
+def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport,
+                       reproduce_from: Path | None = None) -> None:
     sessions = {r["session"]: r for r in ledger.query("SELECT * FROM sessions")}
-    for row in ledger.query("SELECT seq, session, body FROM submissions WHERE accepted = 1 "
-                            "ORDER BY seq"):
-        report.submissions += 1
-        body = json.loads(row["body"])
-        session = sessions.get(row["session"])
-        if session is None:
-            report.findings.append(Finding("submission_orphaned", f"submission "
-                                           f"{body.get('submission_id')}", "its session is "
-                                           "not in the record"))
+    live = None if reproduce_from is None else Reproducer(blobs, hidden=[reproduce_from])
+    try:
+        for row in ledger.query("SELECT seq, session, body FROM submissions WHERE accepted = 1 "
+                                "ORDER BY seq"):
+            report.submissions += 1
+            body = json.loads(row["body"])
+            session = sessions.get(row["session"])
+            where = f"submission {body.get('submission_id')}"
+            if session is None:
+                report.findings.append(Finding("submission_orphaned", where,
+                                               "its session is not in the record"))
+                continue
+            mode = TaskMode(session["mode"], bool(session["armed"]),
+                            tuple(json.loads(session["signals"] or "[]")))
+            recorded = (body.get("verdict") or {}).get("reproduction") or []
+            view = RecordView(ledger, blobs, row["session"], before=row["seq"])
+            verdict, _ = verify(Submission.from_dict(body.get("submission", {})), mode=mode,
+                                view=view, files=RecordedFiles(body.get("seen", {}), blobs),
+                                submission_id=body.get("submission_id", "?"),
+                                submit_seq=row["seq"], submitting_cell=body.get("cell_id"),
+                                runs=live or RecordedRuns(recorded))
+            if not verdict.accepted:
+                failed = "; ".join(f"[{c.code}] {c.message}" for c in verdict.failed
+                                   if not c.advisory)
+                report.findings.append(Finding("submission_unbacked", where,
+                                               f"no longer verifies from the record: {failed}"))
+            if live is not None:
+                report.reproduced += len(verdict.reproduction)
+                _compare_runs(where, recorded, verdict.reproduction, report)
+    finally:
+        if live is not None:
+            live.close()
+
+
+def _compare_runs(where: str, recorded: list[dict[str, Any]], again: tuple[dict[str, Any], ...],
+                  report: AuditReport) -> None:
+    """A re-run must end as the recorded run did, with the same counts."""
+    for run in again:
+        same = [r for r in recorded if r.get("tree_digest") == run.get("tree_digest")
+                and r.get("invocation") == run.get("invocation")]
+        if not same:
+            report.findings.append(Finding("reproduction_differs", where,
+                                           f"{run.get('command')!r}: the record holds no run of "
+                                           f"this tree and command"))
             continue
-        mode = TaskMode(session["mode"], bool(session["armed"]),
-                        tuple(json.loads(session["signals"] or "[]")))
-        view = RecordView(ledger, blobs, row["session"], before=row["seq"])
-        verdict, _ = verify(Submission.from_dict(body.get("submission", {})), mode=mode,
-                            view=view, files=RecordedFiles(body.get("seen", {}), blobs),
-                            submission_id=body.get("submission_id", "?"), submit_seq=row["seq"],
-                            submitting_cell=body.get("cell_id"))
-        if not verdict.accepted:
-            failed = "; ".join(f"[{c.code}] {c.message}" for c in verdict.failed
-                               if not c.advisory)
-            report.findings.append(Finding("submission_unbacked",
-                                           f"submission {body.get('submission_id')}",
-                                           f"no longer verifies from the record: {failed}"))
+        was, now = same[0], run
+        if (was.get("outcome"), was.get("counts")) != (now.get("outcome"), now.get("counts")):
+            report.findings.append(Finding(
+                "reproduction_differs", where,
+                f"{run.get('command')!r}: recorded {was.get('outcome')} {was.get('counts')}, "
+                f"re-run {now.get('outcome')} {now.get('counts')}"))
 
 
 def print_progress(stage: str, done: int, total: int) -> None:

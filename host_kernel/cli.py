@@ -264,6 +264,10 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-head", metavar="HASH", type=_expect_head, default=None,
                         help="fail (head_mismatch) unless the record's last event has this hash, "
                              "as printed by `host-kernel exec` or returned by the Host")
+    parser.add_argument("--reproduce", action="store_true",
+                        help="re-run every accepted submission's test evidence from the record "
+                             "(declared files and baseline from the blob store), confined, and "
+                             "fail (reproduction_differs) when an outcome differs")
 
 
 def _audit_run(args: argparse.Namespace) -> int:
@@ -272,7 +276,7 @@ def _audit_run(args: argparse.Namespace) -> int:
     from .audit import audit, print_progress
 
     report = audit(resolve_record(args.record), strict=args.strict,
-                   expect_head=args.expect_head,
+                   expect_head=args.expect_head, reproduce=args.reproduce,
                    progress=print_progress if not args.json else lambda *a: None)
     if args.json:
         _print(json.dumps(report.to_dict(), indent=2))
@@ -293,7 +297,7 @@ AUDIT = Command(
         "Re-check a record read-only, without a kernel: the ledger file, the hash chain, each "
         "event's MAC (when record.key can be read), the stored projection against the events, "
         "every blob, every receipt's output digests, lineage drift, and every accepted "
-        "submission re-verified. One line per finding, the chain head, and a summary. Exit 0 "
+        "submission re-verified (with --reproduce, its tests re-run). One line per finding, the chain head, and a summary. Exit 0 "
         "when clean, 1 when a failure was found or there is no record."),
     add_arguments=_audit_arguments,
     run=_audit_run,

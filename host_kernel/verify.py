@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -28,6 +27,7 @@ from ._errors import HostCallError, StorageError
 from ._ids import is_cell_id
 from ._models import Check, Verdict
 from .modes import TaskMode
+from .reproduce import Emit, Request, Runs, reproduce_evidence
 from .schema import json_depth
 from .store.blobs import FileBlobStore, open_beneath
 from .store.ledger import Ledger
@@ -66,22 +66,42 @@ CHECKS: dict[str, str] = {
     "cell_unfinished": "the producing cell finished and its output is recorded",
     "receipt_missing": "the producing cell holds a receipt for exactly that command",
     "exit_nonzero": "the receipt's exit status is 0",
+    "evidence_after_submission": "the submitting cell comes after the producing cell",
+    "source_bytecode": "each source file is source, not compiled bytecode",
+    "claim_missing": "every path output names exists",
+    # Verification by reproduction (host_kernel/reproduce, docs/verification.md).
+    "runner_unrecognised": "the cited command is one plain pytest or unittest invocation "
+                           "the Host can reproduce",
+    "selection_not_allowed": "the cited command does not choose which tests run",
+    "test_path_undeclared": "each test path the command names is a declared file or a "
+                            "folder of them",
+    "baseline_unavailable": "the workspace's baseline (codebase_change) is in the record",
+    "runner_tampered": "declared code does not reach into the test runner (its hooks, "
+                       "internals or plugin manager)",
+    "environment_tampered": "every file of the session's package overlay is what its "
+                            "distribution's RECORD lists",
+    "reproduced": "the Host re-ran the command on the declared files and every test ran, "
+                  "at least one passed and none failed",
+    "reproduction_failed": "no test failed or errored when the Host re-ran the command",
+    "reproduction_no_tests": "at least one test passed when the Host re-ran the command",
+    "reproduction_incomplete": "every test collected from the declared paths ran",
+    "reproduction_timeout": "the reproduction finished within its time limit",
+    "reproduction_error": "the Host could run the reproduction",
+}
+
+#: Codes of checks that read the agent's command string and printed output. Reproduction
+#: does their job now; the codes stay reserved (never reused with another meaning).
+RETIRED: dict[str, str] = {
     "masked_failure": "the command cannot hide a failing exit status",
-    "runner_substituted": "the command ran the kernel's own runner (PATH and Python's "
-                          "search paths not edited, executable not inside the workspace, "
-                          "no module shadowing it in the working directory)",
-    "stale_evidence": "every source file's current bytes are the bytes the command started with",
+    "runner_substituted": "the command ran the kernel's own runner",
+    "stale_evidence": "every source file's current bytes are the bytes the command started "
+                      "with",
     "receipt_output_altered": "the receipt's stored output still has its sha256",
     "no_tests_ran": "the receipt's own output shows at least one test passed",
     "tests_failed": "the receipt's own output shows no failed or erroring test",
-    "runner_unrecognised": "the verifier can read the runner's summary (pytest, unittest)",
-    "evidence_after_submission": "the submitting cell comes after the producing cell",
 }
 
 STATUSES = ("completed", "partial", "blocked", "failed")
-#: Environment variables that change which code a Python test runner executes.
-RUNNER_ENV = frozenset({"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE",
-                        "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "LD_PRELOAD", "LD_LIBRARY_PATH"})
 MAX_OUTPUT_BYTES = 1024 * 1024
 MAX_OUTPUT_DEPTH = 32
 MAX_ENTRIES = 10_000
@@ -93,20 +113,6 @@ CLAIM_KEY = re.compile(
     re.IGNORECASE,
 )
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-#: Shell constructs that can make a failing test command exit 0.
-MASKING = (
-    (re.compile(r"\|\|"), "'||'"),
-    (re.compile(r"(?<![|&])\|(?![|&])"), "a pipe '|'"),
-    (re.compile(r";"), "';'"),
-    (re.compile(r"\n"), "a newline"),
-    (re.compile(r"\$\("), "'$(…)'"),
-    (re.compile(r"`"), "backticks"),
-    (re.compile(r"(^|[\s;&|(])eval(\s|$)"), "'eval'"),
-    (re.compile(r"(?<![&<>])&(?![&>])"), "a background '&'"),
-)
-PYTEST_COUNTS = re.compile(
-    r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +161,12 @@ class RecordView:
         def q(sql: str, params: tuple[Any, ...]) -> list[Any]:
             return ledger.query(sql, params + (limit,))
 
+        session_row = ledger.query("SELECT workdir FROM sessions WHERE session = ?", (session,))
+        self.workdir = session_row[0]["workdir"] if session_row else None
+        self.baseline: dict[str, Any] | None = None
+        for r in q("SELECT body FROM events WHERE session = ? AND kind = 'baseline_recorded' "
+                   "AND seq < ?", (session,)):
+            self.baseline = json.loads(r["body"])
         self.cells = {r["cell_id"]: r for r in q(
             "SELECT cell_id, seq_started, seq_finished, status, outputs, generation "
             "FROM cells WHERE session = ? AND seq_started < ?", (session,))}
@@ -173,14 +185,31 @@ class RecordView:
             "SELECT seq, path, sha256 FROM writes WHERE session = ? AND seq < ? ORDER BY seq",
             (session,))]
         for body in (b for bodies in self.receipts.values() for b in bodies):
+            started: dict[str, str] | None = None
             for change in body.get("changes", ()):
-                rows.append((body["_seq"], change["path"], change.get("sha256")))
+                sha = change.get("sha256")
+                if change.get("change") == "modified" and sha is not None:
+                    # Bytes the file already had when the command started were not produced
+                    # by it (a `touch` is not work).
+                    if started is None:
+                        ref = body.get("workspace_manifest_sha256")
+                        started = (self.manifest(ref) if isinstance(ref, str) else None) or {}
+                    if started.get(change["path"]) == sha:
+                        continue
+                rows.append((body["_seq"], change["path"], sha))
         # The last write or command change of each path wins.
         for seq, path, sha in sorted(rows, key=lambda t: t[0]):
             if sha is None:
                 self.written.pop(path, None)
             else:
                 self.written[path] = sha
+
+    def relative_cwd(self, cwd: Any) -> str:
+        """A receipt's folder relative to the workspace ("." for the root; ".." when outside)."""
+        if not isinstance(cwd, str) or not self.workdir:
+            return "."
+        rel = os.path.relpath(cwd, self.workdir)
+        return rel.replace(os.sep, "/")
 
     def manifest(self, sha256: str) -> dict[str, str] | None:
         """A receipt's workspace manifest, or None when missing or altered."""
@@ -240,6 +269,10 @@ class LiveFiles:
 
     def inside(self, rel: str) -> bool:
         return self._real(rel) is not None
+
+    def is_dir(self, rel: str) -> bool:
+        real = self._real(rel)
+        return real is not None and real.is_dir() and not os.path.islink(self.root / rel)
 
     def sha256(self, rel: str) -> str | None:
         """The file's sha256; None when it does not exist or is outside the workspace.
@@ -307,6 +340,9 @@ class RecordedFiles:
     def inside(self, rel: str) -> bool:
         return True
 
+    def is_dir(self, rel: str) -> bool:
+        return self.seen.get(rel.rstrip("/") + "/") == "directory"
+
     def sha256(self, rel: str) -> str | None:
         return self.seen.get(rel)
 
@@ -349,6 +385,12 @@ class _Recording:
         data: bytes | None = self.files.source(rel)
         return data
 
+    def is_dir(self, rel: str) -> bool:
+        key = rel.rstrip("/") + "/"
+        if key not in self.seen:
+            self.seen[key] = "directory" if self.files.is_dir(rel) else None
+        return self.seen[key] == "directory"
+
 
 # --------------------------------------------------------------------------- the checks
 
@@ -363,6 +405,10 @@ class _Checks:
     submitting_cell: str | None
     advisory: bool = False
     items: list[Check] = field(default_factory=list)
+    #: Declared source files that passed their checks: path → sha256 of the saved bytes.
+    sources: dict[str, str] = field(default_factory=dict)
+    #: Test evidence whose receipt was found: (command, workspace-relative cwd, duration).
+    evidence: list[tuple[str, str, float | None]] = field(default_factory=list)
 
     def fail(self, code: str, message: str) -> None:
         self.items.append(Check(code, False, message, self.advisory))
@@ -374,21 +420,49 @@ class _Checks:
         return not any(c.code == code and not c.ok for c in self.items)
 
 
+#: File name endings that make a bare string in ``output`` a claim that a file exists.
+FILE_SUFFIXES = frozenset("""
+csv tsv json jsonl ndjson parquet feather arrow orc avro h5 hdf5 hdf nc zarr npy npz pkl pickle
+joblib pt pth ckpt safetensors onnx txt md rst log yaml yml toml ini cfg xml html htm pdf png jpg
+jpeg gif svg webp tif tiff bmp eps ps py ipynb r sql sqlite sqlite3 db duckdb xlsx xls ods docx
+pptx zip gz tgz tar bz2 xz zst mp4 mov wav mp3 flac sh js ts css dot mmd geojson shp tex bib
+""".split())
+_SUFFIX = re.compile(r"\.([A-Za-z][A-Za-z0-9]{0,9})$")
+
+
+def _pathlike(value: str) -> bool:
+    """A whole string that names a file: it ends like a file name, or starts like a path."""
+    if not 1 < len(value) <= 1024 or any(ch.isspace() for ch in value) or "://" in value:
+        return False
+    if value.startswith(("/", "./", "../", "~/")):
+        return True
+    m = _SUFFIX.search(value)
+    return m is not None and m.group(1).lower() in FILE_SUFFIXES
+
+
 def _claims(value: Any, under_claim: bool = False, found: list[str] | None = None) -> list[str]:
-    """Strings in ``output`` that name files or artifacts (under claim-like keys)."""
+    """Strings in ``output`` that name files or artifacts, at any depth under any key.
+
+    Under a claim-like key (``artifacts``, ``files``, ``figures``…) every string
+    is a claim (in nested objects, the ``path``/``file``/``id`` values); anywhere
+    else a string is a claim when it looks like a path or a file name, or is a UUID.
+    """
     found = [] if found is None else found
     if isinstance(value, dict):
         for k, v in value.items():
             claim = under_claim or bool(CLAIM_KEY.match(str(k)))
             if under_claim and isinstance(v, str) and k not in ("path", "artifact_id", "file",
                                                                "filename", "id"):
+                _claims(v, False, found)
                 continue
             _claims(v, claim, found)
     elif isinstance(value, list):
         for v in value:
             _claims(v, under_claim, found)
-    elif under_claim and isinstance(value, str) and value.strip():
-        found.append(value.strip())
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        if under_claim or _pathlike(text) or UUID.match(text):
+            found.append(text)
     return found
 
 
@@ -444,22 +518,55 @@ def _check_claims(out: dict[str, Any], c: _Checks) -> None:
                                            f"it again with host.save_artifact")
             continue
         rel = _norm(claim)
-        written = view.written.get(rel) if rel else None
-        if written is not None and c.files.sha256(rel) == written:
-            continue
-        problems += 1
+        if rel is None and view.workdir and claim.startswith(view.workdir.rstrip("/") + "/"):
+            rel = _norm(claim[len(view.workdir.rstrip("/")) + 1:])
+        problems += not _check_path_claim(claim, rel, c)
+    if not problems:
+        c.ok("claim_unbacked", f"{len(claims)} claimed file(s)/artifact(s) backed")
+
+
+def _check_path_claim(claim: str, rel: str | None, c: _Checks) -> bool:
+    """A claimed path must exist and hold bytes this session produced; True when it does."""
+    view = c.view
+    if rel is None:
         if UUID.match(claim):
             c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
                                      f"host.artifacts() lists the real ids")
-        elif written is not None:
-            c.fail("claim_unbacked", f"{claim!r} changed since this session wrote it; save it "
-                                     f"with host.save_artifact after its last change")
+        elif claim.startswith("/") and os.path.lexists(claim):
+            c.fail("claim_unbacked", f"{claim!r} is outside the workspace, where this session "
+                                     f"produces nothing; save it into the workspace and claim "
+                                     f"that")
         else:
-            c.fail("claim_unbacked", f"{claim!r} is not an artifact of this session nor a file "
-                                     f"it wrote through host; save it with "
-                                     f"host.save_artifact({claim!r}) and claim that")
-    if not problems:
-        c.ok("claim_unbacked", f"{len(claims)} claimed file(s)/artifact(s) backed")
+            c.fail("claim_missing", f"{claim!r} does not exist in the workspace; claim only "
+                                    f"files that exist")
+        return False
+    current = c.files.sha256(rel)
+    if current is None and c.files.is_dir(rel):
+        if any(p.startswith(rel.rstrip("/") + "/") and c.files.sha256(p) == sha
+               for p, sha in view.written.items()):
+            return True
+        c.fail("claim_unbacked", f"folder {claim!r} holds no file this session produced")
+        return False
+    if current is None:
+        if UUID.match(claim):
+            c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
+                                     f"host.artifacts() lists the real ids")
+        else:
+            c.fail("claim_missing", f"{claim!r} does not exist in the workspace; claim only "
+                                    f"files that exist (or save it as an artifact and claim "
+                                    f"its id)")
+        return False
+    written = view.written.get(rel)
+    if written == current:
+        return True
+    if written is not None:
+        c.fail("claim_unbacked", f"{claim!r} changed since this session wrote it; save it "
+                                 f"with host.save_artifact after its last change")
+    else:
+        c.fail("claim_unbacked", f"{claim!r} was not produced by this session (not written "
+                                 f"through host, and no host.bash command changed its bytes); "
+                                 f"save it with host.save_artifact({claim!r}) and claim that")
+    return False
 
 
 def _norm(claim: str) -> str | None:
@@ -523,10 +630,16 @@ def _check_declarations(sub: Submission, c: _Checks) -> None:
         if declared is not None and declared != current:
             c.fail("source_hash_mismatch", f"{rel!r}: declared sha256 {declared[:12]}… is not "
                                            f"the file's current {current[:12]}…")
+        if rel.endswith((".pyc", ".pyo")) or "__pycache__" in rel.split("/"):
+            c.fail("source_bytecode", f"{rel!r} is compiled bytecode; declare the .py source "
+                                      f"it comes from (bytecode is never reproduced)")
+            continue
         if current not in view.artifact_shas:
             c.fail("source_not_saved", f"{rel!r}'s current bytes were never saved as an "
                                        f"artifact of this session; call "
                                        f"host.save_artifact({rel!r}) after its last change")
+        else:
+            c.sources[rel] = current
     entries = _entries(sub.entry_points, "path") if sub.entry_points is not None else []
     for path, _ in entries or []:
         rel = _norm(path)
@@ -553,7 +666,7 @@ def _check_declarations(sub: Submission, c: _Checks) -> None:
                                        "sentence) saying what each module owns")
     _check_evidence(sub, c, source_paths)
     for code in ("source_outside", "source_missing", "source_not_regular_file",
-                 "source_hash_mismatch", "source_not_saved", "entry_point_not_source",
+                 "source_hash_mismatch", "source_not_saved", "source_bytecode", "entry_point_not_source",
                  "entry_point_syntax", "architecture_summary", "declarations_missing"):
         if c.passed(code):
             c.ok(code)
@@ -604,138 +717,18 @@ def _check_evidence(sub: Submission, c: _Checks, source_paths: set[str]) -> None
                                       f"that command; {hint}")
             continue
         receipt = receipts[-1]
-        _check_receipt(label, command, receipt, view, c, source_paths)
+        _check_receipt(label, receipt, c)
+        c.evidence.append((command, view.relative_cwd(receipt.get("cwd")),
+                           receipt.get("duration")))
 
 
-def _runner(segment: str) -> str | None:
-    """``pytest`` or ``unittest`` when the segment's command runs that test runner.
-
-    Only the command itself counts: ``pytest …``, ``py.test …`` or
-    ``python[3[.x]] -m pytest|unittest …``, after optional ``VAR=value`` words and
-    ``env``. A runner's name elsewhere (an argument, a comment) does not.
-    """
-    try:
-        words = shlex.split(segment, comments=True)
-    except ValueError:
-        return None
-    while words and (words[0] == "env" or ("=" in words[0] and
-                                           words[0].split("=", 1)[0].isidentifier())):
-        words = words[1:]
-    if not words:
-        return None
-    first = os.path.basename(words[0])
-    if first in ("pytest", "py.test"):
-        return "pytest"
-    if re.fullmatch(r"python(\d+(\.\d+)?)?", first) and len(words) > 2 and words[1] == "-m":
-        module = words[2].split(".")[0]
-        if module in ("pytest", "unittest"):
-            return module
-    return None
-
-
-def _stale_sources(receipt: dict[str, Any], view: RecordView, c: _Checks,
-                   source_paths: set[str]) -> list[str]:
-    """Source files whose current bytes are not the bytes the command started with.
-
-    Each receipt points at a manifest (in the blob store) of the workspace files'
-    sha256 when the command started: the bytes the tests actually ran on.
-    """
-    sha = receipt.get("workspace_manifest_sha256")
-    manifest = view.manifest(sha) if isinstance(sha, str) else None
-    if manifest is None:
-        return sorted(source_paths)
-    return sorted(p for p in source_paths if manifest.get(p) != c.files.sha256(p))
-
-
-def _check_receipt(label: str, command: str, receipt: dict[str, Any], view: RecordView,
-                   c: _Checks, source_paths: set[str]) -> None:
+def _check_receipt(label: str, receipt: dict[str, Any], c: _Checks) -> None:
+    """The agent really ran the command and it exited 0: history, not the acceptance
+    (the reproduction decides that)."""
     if receipt.get("timed_out") or receipt.get("exit_status") != 0:
-        c.fail("exit_nonzero", f"{label}: the command "
-                               f"{'timed out' if receipt.get('timed_out') else 'exited ' + str(receipt.get('exit_status'))}"
-                               f"; fix the failure and run it again")
-    masks = [name for pattern, name in MASKING if pattern.search(command)]
-    segments = [seg.strip() for seg in command.split("&&")]
-    runner_at = [i for i, seg in enumerate(segments) if _runner(seg)]
-    if runner_at and runner_at[-1] != len(segments) - 1:
-        masks.append("a command after the test runner (it can print a forged result)")
-    if masks:
-        c.fail("masked_failure", f"{label}: {', '.join(masks)} can hide a failing exit status; "
-                                 f"run the test command on its own ('&&' and redirections are "
-                                 f"fine)")
-    runner_env = sorted(RUNNER_ENV & set(receipt.get("env_changed", ())))
-    if receipt.get("path_differs") or receipt.get("executable_in_workspace") or runner_env \
-            or receipt.get("shadowed_modules"):
-        why = ("PATH was edited in the kernel" if receipt.get("path_differs")
-               else f"the executable {receipt.get('executable')} is inside the workspace"
-               if receipt.get("executable_in_workspace")
-               else f"{', '.join(runner_env)} changed in the kernel" if runner_env
-               else f"the working directory holds {', '.join(receipt['shadowed_modules'])}, "
-                    f"which 'python -m' would import instead of the real runner")
-        c.fail("runner_substituted", f"{label}: {why}; run the real test runner with the "
-                                     f"kernel's own environment")
-    stale = _stale_sources(receipt, view, c, source_paths)
-    if stale:
-        c.fail("stale_evidence", f"{label}: {', '.join(stale[:5])} changed after this command "
-                                 f"started (the tests ran on other bytes); run the tests again "
-                                 f"and cite the new cell")
-    sha = receipt.get("stdout_sha256", "")
-    err_sha = receipt.get("stderr_sha256", "")
-    out = view.blob_bytes(sha) if isinstance(sha, str) else None
-    err = view.blob_bytes(err_sha) if isinstance(err_sha, str) else None
-    if out is None or err is None:
-        c.fail("receipt_output_altered", f"{label}: the recorded output no longer matches its "
-                                         f"sha256; the record was altered")
-        return
-    _check_test_output(label, command, out.decode("utf-8", "replace"),
-                       err.decode("utf-8", "replace"), c)
-
-
-def _check_test_output(label: str, command: str, stdout: str, stderr: str, c: _Checks) -> None:
-    # The runner is the last command of the line (anything after it is masked_failure),
-    # so its own summary is the last one in the stream it writes to.
-    runner = _runner(command.split("&&")[-1].strip())
-    if runner == "pytest":
-        summary = _pytest_summary(stdout)
-        if not summary:
-            c.fail("no_tests_ran", f"{label}: its output has no pytest result line, so no test "
-                                   f"is shown to have run (--collect-only runs none)")
-            return
-        bad = summary.get("failed", 0) + summary.get("errors", 0) + summary.get("error", 0)
-        if bad:
-            c.fail("tests_failed", f"{label}: pytest reported {summary.get('failed', 0)} "
-                                   f"failed and {summary.get('errors', summary.get('error', 0))}"
-                                   f" errors")
-        elif summary.get("passed", 0) < 1:
-            c.fail("no_tests_ran", f"{label}: pytest passed no test ({summary}); the evidence "
-                                   f"must run at least one test")
-        return
-    if runner == "unittest":
-        ran = re.findall(r"^Ran (\d+) tests? in [\d.]+s$", stderr, re.MULTILINE)
-        verdicts = re.findall(r"^(OK|FAILED)\b", stderr, re.MULTILINE)
-        if not ran or int(ran[-1]) < 1:
-            c.fail("no_tests_ran", f"{label}: unittest ran no test")
-        elif not verdicts or verdicts[-1] != "OK":
-            c.fail("tests_failed", f"{label}: unittest did not report OK")
-        return
-    c.fail("runner_unrecognised", f"{label}: the verifier reads pytest and unittest results; "
-                                  f"run the tests with 'python -m pytest' or "
-                                  f"'python -m unittest'")
-
-
-def _pytest_summary(stdout: str) -> dict[str, int] | None:
-    """Counts from pytest's final line (``… in 0.12s``) on stdout, or None when there is none.
-
-    Only the last such line counts, whatever it says: ``3 tests collected in 0.01s``
-    (``--collect-only``) has no ``passed`` count, so no test is shown to have run.
-    """
-    for line in reversed(_ANSI.sub("", stdout).splitlines()):
-        stripped = line.strip().strip("=").strip()
-        if re.search(r" in [\d.]+s( \([\d:.]+\))?$", stripped):
-            counts: dict[str, int] = {}
-            for n, what in PYTEST_COUNTS.findall(stripped):
-                counts[what] = counts.get(what, 0) + int(n)
-            return counts
-    return None
+        how = ("timed out" if receipt.get("timed_out")
+               else f"exited {receipt.get('exit_status')}")
+        c.fail("exit_nonzero", f"{label}: the command {how}; fix the failure and run it again")
 
 
 # --------------------------------------------------------------------------- output_schema
@@ -755,23 +748,51 @@ def _check_schema(out: Any, schema: Any, c: _Checks) -> None:
 
 
 def verify(sub: Submission, *, mode: TaskMode, view: RecordView, files: Any,
-           submission_id: str, submit_seq: int, submitting_cell: str | None
+           submission_id: str, submit_seq: int, submitting_cell: str | None,
+           runs: Runs | None = None, emit: Emit | None = None, network: bool = False,
            ) -> tuple[Verdict, dict[str, str | None]]:
-    """Run every check; returns the Verdict and the source hashes it saw (for audit)."""
+    """Run every check; returns the Verdict and the source hashes it saw (for audit).
+
+    In an enforced mode whose other checks pass, ``runs`` reproduces each test
+    evidence entry (a live :class:`~host_kernel.reproduce.Reproducer`, or the
+    record's own runs when ``audit`` re-verifies); without it the submission
+    cannot be accepted (``reproduction_error``).
+    """
     seen: dict[str, str | None] = {}
     files = _Recording(files, seen)
     checks = _Checks(view, files, submit_seq, submitting_cell)
     _check_every_mode(sub, checks)
     declared = any(getattr(sub, n) is not None for n in (
         "source_files", "entry_points", "architecture_summary", "test_evidence"))
+    sections: list[dict[str, Any]] = []
     if mode.enforced:
         _check_declarations(sub, checks)
+        if all(c.ok for c in checks.items):
+            sections = _reproduce(checks, mode, runs, emit, network)
     elif (mode.detected and mode.name != "analysis_run") or declared:
         advice = _Checks(view, files, submit_seq, submitting_cell, advisory=True)
         _check_declarations(sub, advice)
         checks.items.extend(advice.items)
     accepted = all(c.ok or c.advisory for c in checks.items)
-    return Verdict(submission_id, accepted, mode.name, mode.armed, tuple(checks.items)), seen
+    return Verdict(submission_id, accepted, mode.name, mode.armed, tuple(checks.items),
+                   tuple(sections)), seen
+
+
+def _reproduce(c: _Checks, mode: TaskMode, runs: Runs | None, emit: Emit | None,
+               network: bool) -> list[dict[str, Any]]:
+    if runs is None:
+        c.fail("reproduction_error", "nothing here can reproduce the test evidence, so it "
+                                     "cannot be accepted")
+        return []
+    request = Request(mode.name, dict(c.sources), list(c.evidence), c.view.baseline, network)
+    try:
+        findings, sections = reproduce_evidence(request, runs, c.view.blobs, emit)
+    except (OSError, HostCallError) as exc:
+        c.fail("reproduction_error", f"the Host could not reproduce the test evidence: {exc}")
+        return []
+    for code, ok, message in findings:
+        (c.ok if ok else c.fail)(code, message)
+    return sections
 
 
 def unreadable_verdict(submission_id: str, mode: TaskMode, error: Exception) -> Verdict:

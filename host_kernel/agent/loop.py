@@ -49,6 +49,7 @@ from .._models import Observation, Verdict
 from ..host._host import Host
 from ..llm import ChatClient, ChatResult, LLMError, ToolCall
 from ..modes import DEFAULT_MODE
+from ..reproduce import Emit
 from ..verify import Submission
 from .events import (
     EVENTS_FILE,
@@ -158,8 +159,9 @@ class _RecordingHost(Host):
         super().__init__(*args, **kwargs)
         self.verdicts: list[tuple[Verdict, str | None]] = []
 
-    def submit(self, submission: Submission, *, submitting_cell: str | None = None) -> Verdict:
-        verdict = super().submit(submission, submitting_cell=submitting_cell)
+    def submit(self, submission: Submission, *, submitting_cell: str | None = None,
+               emit: Emit | None = None) -> Verdict:
+        verdict = super().submit(submission, submitting_cell=submitting_cell, emit=emit)
         self.verdicts.append((verdict, submitting_cell))
         return verdict
 

@@ -48,6 +48,8 @@ from .._paths import default_record_dir
 from .._procs import pid_alive
 from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
+from ..reproduce import Limits, Reproducer, record_baseline
+from ..reproduce.runner import DEFAULT_MEMORY
 from ..sandbox.client import Confinement, Sandbox, probe
 from ..sandbox.policy import Policy
 from ..store.blobs import FileBlobStore
@@ -136,6 +138,8 @@ class Host:
         require_confinement: bool = False,
         read_paths: tuple[str | os.PathLike[str], ...] = (),
         hide_env: tuple[str, ...] = (),
+        reproduce_timeout: float | None = None,
+        reproduce_memory: int | None = DEFAULT_MEMORY,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -149,6 +153,13 @@ class Host:
         self.read_paths = tuple(str(p) for p in read_paths)
         #: Names of the Host's own secrets, never put into the kernel's environment.
         self.hide_env = frozenset(hide_env) | _llm_key_names(llm)
+        if reproduce_timeout is not None and (isinstance(reproduce_timeout, bool) or not
+                                              isinstance(reproduce_timeout, (int, float))
+                                              or reproduce_timeout <= 0):
+            raise BadArguments("reproduce_timeout must be a positive number of seconds or None")
+        #: Bounds of each reproduction of test evidence (docs/verification.md).
+        self.reproduce_limits = Limits(reproduce_timeout, reproduce_memory)
+        self._reproducer: Reproducer | None = None
         #: What the record says about confinement; decided at start().
         self.confinement: Confinement | None = None
         self._policy: Policy | None = None
@@ -301,6 +312,11 @@ class Host:
             "confinement": None if self.confinement is None else self.confinement.to_dict(),
             "kernel_env": sorted(self._launch_env),
         })
+        if self.mode.enforced and self.mode.name == "codebase_change":
+            # Before any cell runs: the bytes the change applies to, kept where the
+            # kernel cannot reach (the workspace, .git included, is writable to it).
+            assert self.blobs is not None
+            self._append("baseline_recorded", record_baseline(self.workdir, self.blobs))
         self._close_abandoned_sessions()
         self._start_generation("start")
 
@@ -701,9 +717,26 @@ class Host:
     # -- verification
 
     def _call_submit_output(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
-        return self.submit(Submission.from_dict(args), submitting_cell=cell.cell_id).to_dict()
+        return self.submit(Submission.from_dict(args), submitting_cell=cell.cell_id,
+                           emit=emit).to_dict()
 
-    def submit(self, submission: Submission, *, submitting_cell: str | None = None) -> Verdict:
+    def reproducer(self) -> Reproducer:
+        """The session's reproducer (made on first use): the Host re-runs test evidence
+        in a tree and sandbox of its own, never the workspace or the kernel's environment."""
+        if self._reproducer is None:
+            assert self._runtime_dir is not None and self._private_dir is not None
+            assert self.blobs is not None
+            hidden: list[str | os.PathLike[str]] = [
+                self.record_dir, self.workdir, self._private_dir / "tmp",
+                *_llm_key_file(self.llm)]
+            self._reproducer = Reproducer(
+                self.blobs, hidden=hidden, overlay=self._private_dir / PRIVATE_DIRS["PIP_TARGET"],
+                limits=self.reproduce_limits, confine=self._policy is not None,
+                base=self._runtime_dir / "repro")
+        return self._reproducer
+
+    def submit(self, submission: Submission, *, submitting_cell: str | None = None,
+               emit: Emit | None = None) -> Verdict:
         """Verify a submission against the record and record the verdict.
 
         Used by ``host.submit_output`` in a cell and by the agent loop's
@@ -728,7 +761,9 @@ class Host:
                 verdict, seen = verify(submission, mode=self.mode, view=view,
                                        files=LiveFiles(self.workdir, self.record_dir),
                                        submission_id=submission_id, submit_seq=submit_seq,
-                                       submitting_cell=submitting_cell)
+                                       submitting_cell=submitting_cell,
+                                       runs=self.reproducer(), emit=emit,
+                                       network=self.network)
             finally:
                 trusted.close()
         except RecordError as exc:
@@ -843,7 +878,7 @@ class Host:
             self._append("receipt_recorded", body)
             try:
                 self.lineage.receipt(cell.cell_id, body)
-            except Exception:  # noqa: BLE001 - lineage never blocks a receipt
+            except Exception:
                 pass
         finally:
             recorded.set()
@@ -874,7 +909,7 @@ class Host:
     def _lineage_for(self, cell: _RunningCell, rel: str, access: Any) -> dict[str, Any]:
         try:
             lineage = self.lineage.inputs_at_save(cell.cell_id, cell.code, rel, access, cell.io)
-        except Exception as exc:  # noqa: BLE001 - an artifact is saved even if lineage fails
+        except Exception as exc:
             return {"inputs": [], "truncated": False, "error": f"{type(exc).__name__}: {exc}"}
         if self.llm is not None and lineage["inputs"]:
             lineage = confirm_with_llm(self.llm, cell.code, lineage)

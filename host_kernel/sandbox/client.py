@@ -220,12 +220,14 @@ class Sandbox:
     runs. :meth:`spawn` starts a confined command; :meth:`close` lets init go.
     """
 
-    def __init__(self, policy: Policy, abi: int, *, namespaces: bool = True) -> None:
+    def __init__(self, policy: Policy, abi: int, *, namespaces: bool = True,
+                 memory: int | None = None) -> None:
+        """``memory``: an address-space limit (bytes) for every process of the sandbox."""
         self.policy = policy
         self.abi = abi
         self._host_end, self._init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._host_end.send(marshal.dumps({"abi": abi, "namespaces": namespaces,
-                                           "network": policy.network,
+                                           "network": policy.network, "memory": memory,
                                            "rules": ruleset_spec(policy)}))
         self.hello: dict[str, Any] = {}
         #: A process init forked and confined ahead of time: (pid, orders, status) sockets.

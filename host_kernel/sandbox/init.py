@@ -393,6 +393,11 @@ def main(argv: list[str]) -> int:
             reason = f"{exc}; /proc still shows the Host"
             namespaces = False
     ruleset_fd = _ruleset(setup)
+    memory = setup.get("memory")
+    if memory:
+        # Every process of the sandbox inherits it (a reproduction's bound; docs/verification.md).
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason})
     return _exit_code(_Spawner(ctl, ruleset_fd).serve(kernel_argv))
 

@@ -1,0 +1,198 @@
+"""Verification by reproduction: the Host re-runs the declared tests on the declared bytes.
+
+The verifier (``host_kernel/verify.py``) decides *whether* to reproduce; this
+package does it. :func:`reproduce_evidence` turns a :class:`Request` (the
+declared files as saved, the cited commands, the baseline) into checks and the
+verdict's ``reproduction`` section. Modules:
+
+- ``invocation``: the cited command parsed into a structured invocation;
+- ``tree``: the workspace baseline and the tree built from the blob store;
+- ``environment``: interpreter identity, overlay RECORD checks, variables;
+- ``scan``: declared code that reaches into the runner;
+- ``runner``: the confined, bounded run and its report;
+- ``boot`` and ``plugin``: the code that runs inside the reproduction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._errors import StorageError
+from ..store.blobs import FileBlobStore
+from .invocation import Invocation, InvocationRefused, parse
+from .runner import Limits, Plan, Reproducer
+from .scan import runner_hooks
+from .tree import BaselineError, load_manifest, record_baseline
+
+__all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline", "reproduce_evidence"]
+
+#: The outcome of a run → the check code that refuses it.
+OUTCOME_CODES = {"failed": "reproduction_failed", "no_tests": "reproduction_no_tests",
+                 "incomplete": "reproduction_incomplete", "timeout": "reproduction_timeout",
+                 "error": "reproduction_error"}
+
+Emit = Callable[[dict[str, Any]], None]
+#: (code, ok, message) triples, turned into the verifier's Check objects by the caller.
+Finding = tuple[str, bool, str]
+
+
+class Runs(Protocol):
+    """What runs plans: a live :class:`Reproducer`, or the record's own runs (audit)."""
+
+    def environment(self) -> tuple[dict[str, Any], list[str]]: ...
+
+    def run(self, plan: Plan, env_section: Mapping[str, Any],
+            emit: Emit | None = None) -> dict[str, Any]: ...
+
+
+class RecordedRuns:
+    """The runs a verdict recorded, answered again for ``audit`` (nothing is executed).
+
+    A plan is answered only when the record holds a run of the same tree (digest)
+    and invocation; otherwise the reproduction cannot be vouched for.
+    """
+
+    def __init__(self, sections: Sequence[Mapping[str, Any]]) -> None:
+        self.sections = [dict(s) for s in sections if isinstance(s, Mapping)]
+
+    def environment(self) -> tuple[dict[str, Any], list[str]]:
+        env = next((s.get("environment") for s in self.sections
+                    if isinstance(s.get("environment"), dict)), None)
+        return dict(env or {"digest": "", "interpreter": "?", "python": "?"}), []
+
+    def run(self, plan: Plan, env_section: Mapping[str, Any],
+            emit: Emit | None = None) -> dict[str, Any]:
+        from .tree import tree_digest
+
+        digest = tree_digest(plan.manifest)
+        for section in self.sections:
+            if section.get("tree_digest") == digest and \
+                    section.get("invocation") == plan.invocation.to_dict():
+                return {k: v for k, v in section.items() if k != "environment"}
+        return {"outcome": "error", "tree_digest": digest,
+                "error": "the record holds no reproduction of this tree and command"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the verifier hands over once the declarations have passed."""
+
+    mode: str
+    #: Declared source files: path → sha256 of the saved bytes.
+    sources: Mapping[str, str]
+    #: (command, folder relative to the workspace, the agent's run time) per entry.
+    evidence: Sequence[tuple[str, str, float | None]]
+    #: The session's baseline event body (codebase_change), or None.
+    baseline: Mapping[str, Any] | None = None
+    network: bool = False
+
+
+def _manifest(request: Request, blobs: FileBlobStore) -> dict[str, tuple[str, int]]:
+    base: dict[str, tuple[str, int]] = {}
+    if request.mode == "codebase_change":
+        baseline = request.baseline or {}
+        sha = baseline.get("manifest_sha256")
+        if not isinstance(sha, str):
+            why = baseline.get("reason") or "the session recorded no baseline"
+            raise BaselineError(f"the workspace's baseline is unavailable ({why})",
+                                code="baseline_unavailable")
+        base = load_manifest(blobs, sha)
+    for rel, sha in request.sources.items():
+        base[rel] = (sha, base.get(rel, (sha, 0o644))[1])
+    return base
+
+
+def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
+                       emit: Emit | None = None) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """Reproduce every test_evidence entry; findings for the verdict and its sections."""
+    findings: list[Finding] = []
+    try:
+        manifest = _manifest(request, blobs)
+    except BaselineError as exc:
+        return [("baseline_unavailable", False, f"{exc.message}; the Host cannot rebuild the "
+                                                f"workspace the change applies to")], []
+    invocations: list[tuple[str, float | None, Invocation]] = []
+    for command, cwd, duration in request.evidence:
+        try:
+            invocations.append((command, duration, parse(command, cwd, manifest)))
+        except InvocationRefused as exc:
+            findings.append((exc.code, False, f"test evidence {command!r}: {exc.message}"))
+    declared: dict[str, bytes] = {}
+    for rel, sha in request.sources.items():
+        try:
+            declared[rel] = blobs.read(sha)
+        except StorageError:
+            continue  # reported by the tree build
+    roots = {"."} | {inv.cwd for _, _, inv in invocations if inv.cwd_on_path} | {
+        rel.rsplit("/", 1)[0] if "/" in rel else "." for rel in manifest
+        if rel.rsplit("/", 1)[-1].startswith("test") and rel.endswith(".py")}
+    hooks = runner_hooks(declared, roots)
+    if hooks:
+        findings.append(("runner_tampered", False, "declared code reaches into the test "
+                                                   "runner, so its outcome cannot be trusted: "
+                                                   + "; ".join(hooks[:6])))
+    env_section, problems = runs.environment()
+    if problems:
+        findings.append(("environment_tampered", False, "the session's package overlay is not "
+                                                        "what pip installed: "
+                                                        + "; ".join(problems[:6])))
+    sections: list[dict[str, Any]] = []
+    if any(not ok for _, ok, _ in findings):
+        return findings, sections
+    if emit is not None and invocations:
+        emit({"stream": "stdout", "text": f"reproducing {len(invocations)} test "
+                                          f"command{'s' if len(invocations) != 1 else ''} "
+                                          f"on {len(manifest)} declared files…\n"})
+    for command, duration, inv in invocations:
+        plan = Plan(command, inv, manifest, duration, request.network)
+        section = runs.run(plan, env_section, emit)
+        section = dict(section, environment=env_section)
+        sections.append(section)
+        findings.append(_judge(command, section))
+        if emit is not None:
+            emit({"stream": "stdout", "text": f"  {command}: {_summary(section)}\n"})
+    return findings, sections
+
+
+def _summary(section: Mapping[str, Any]) -> str:
+    counts = section.get("counts") or {}
+    shown = ", ".join(f"{v} {k}" for k, v in counts.items() if v and k != "collected")
+    took = section.get("duration")
+    return (f"{section.get('outcome')}"
+            + (f" ({shown})" if shown else "")
+            + (f" in {took:.2f}s" if isinstance(took, (int, float)) else "")
+            + (" (cached)" if section.get("cached") else ""))
+
+
+def _judge(command: str, section: Mapping[str, Any]) -> Finding:
+    outcome = section.get("outcome")
+    label = f"test evidence {command!r}"
+    counts = section.get("counts") or {}
+    tail = str(section.get("output_tail") or "")[-1200:]
+    if outcome == "passed":
+        return ("reproduced", True, f"{label}: the Host re-ran it on the declared files: "
+                                    f"{_summary(section)}")
+    code = OUTCOME_CODES.get(str(outcome), "reproduction_error")
+    if outcome == "failed":
+        failing = ", ".join(section.get("failing") or []) or "collection"
+        detail = "\n".join(section.get("failures") or [])[-1200:] or tail
+        why = (f"on the declared files alone, {counts.get('failed', 0)} test(s) failed and "
+               f"{counts.get('errors', 0) + counts.get('collect_errors', 0)} errored "
+               f"({failing}); a file the tests need may be undeclared. Output:\n{detail}")
+    elif outcome == "no_tests":
+        why = (f"no test passed when the Host ran it ({_summary(section)}); the evidence must "
+               f"run at least one test")
+    elif outcome == "incomplete":
+        ended = "" if section.get("finished") else ", and the run ended before the runner finished"
+        why = (f"not every collected test ran ({counts.get('collected', 0)} collected, "
+               f"{counts.get('deselected', 0)} deselected, {counts.get('not_run', 0)} not run"
+               f"{ended}); nothing may skip the declared tests. Output:\n{tail}")
+    elif outcome == "timeout":
+        limit = (section.get("limits") or {}).get("timeout")
+        why = (f"the reproduction ran past its {limit:.0f} s limit and was stopped; make the "
+               f"tests finish (the limit is 10x your own run, at least 60 s)")
+    else:
+        why = f"the Host could not run it: {section.get('error')}"
+    return (code, False, f"{label}: {why}")
