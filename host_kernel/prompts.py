@@ -303,18 +303,24 @@ domain functions, and do one small end-to-end run with a fixed seed.
 # host.submit_output, not keys in output. The Host verifies them against
 # files, artifacts, recorded cell output and its receipts; pass or fail is
 # read from the recorded cell, not from the agent's report. Beyond PROMPTS.md
-# it also warns of two refusals the verifier applies (DESIGN.md section 5):
-# a command chained so as to mask a failure, and evidence older than the last
-# write to a source file.
+# it also says how the verifier decides (DESIGN.md section 5): the Host re-runs
+# each cited command itself on the declared files alone, so every file the
+# tests need must be declared, and a command that selects tests is refused.
 ARMED_COMPLETION: Final[str] = """\
 Completion (this mode was selected explicitly; its checks are enforced):
-- Save each source file as an artifact with host.save_artifact.
-- Run every test command through host.bash, exactly as you will declare it. \
+- Save each source file as an artifact with host.save_artifact, after its \
+last edit.
+- Run every test command through host.bash, exactly as you will declare it: \
+one plain command such as "python -m pytest -q tests" (no ;, || or pipes, no \
+variables, no -k, -m, --deselect or other flags that choose which tests run). \
 A run through subprocess or os.system, or output you merely print, leaves no \
 receipt and is refused. Changing what the command runs (a wrapper script, an \
-edited PATH) does not produce a test result. Run each test command on its \
-own (no ;, || or pipes that could hide a failing exit status), and after \
-your last edit to any source file: older evidence is stale.
+edited PATH) does not produce a test result.
+- The Host then re-runs each declared test command itself, on a fresh copy \
+of the declared source files alone, with its own Python and runner, and \
+accepts only if every test in the cited paths ran and passed; your recorded \
+cell shows you ran it, the Host's own run decides. Declare every file the \
+tests import or read (test data too).
 - After a cell has run, its Observation begins with "[cell id: …]". That id \
 is the producing_cell_id of the tests that cell ran, so call \
 host.submit_output in a later cell.
@@ -322,10 +328,7 @@ host.submit_output in a later cell.
 source_files=[...], entry_points=[...], architecture_summary="...", \
 test_evidence=[{"command": "...", "producing_cell_id": "..."}]). These four \
 are keyword arguments of host.submit_output, not keys inside output. \
-architecture_summary is one paragraph saying what each module owns.
-- The Host checks these declarations against the files, the artifacts, the \
-recorded cell output and its own receipts. Whether tests passed is read from \
-the recorded cell, not from your report."""
+architecture_summary is one paragraph saying what each module owns."""
 
 # Advisory completion (the mode was inferred). Contract: save sources as
 # artifacts; declare source_files, entry_points, architecture_summary when

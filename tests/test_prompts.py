@@ -315,7 +315,8 @@ def test_armed_fragment_holds_guidance_structure_and_the_enforced_completion() -
         "recorded cell",
         "host.save_artifact",
         "no ;, || or pipes",
-        "stale",
+        "re-runs each declared test command itself",
+        "Declare every file the tests import or read",
     )
 
 

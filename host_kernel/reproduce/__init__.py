@@ -144,7 +144,7 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
     if emit is not None and invocations:
         emit({"stream": "stdout", "text": f"reproducing {len(invocations)} test "
                                           f"command{'s' if len(invocations) != 1 else ''} "
-                                          f"on {len(manifest)} declared files…\n"})
+                                          f"on a tree of {len(manifest)} files…\n"})
     for command, duration, inv in invocations:
         plan = Plan(command, inv, manifest, duration, request.network)
         section = runs.run(plan, env_section, emit)
@@ -190,9 +190,10 @@ def _judge(command: str, section: Mapping[str, Any]) -> Finding:
                f"{counts.get('deselected', 0)} deselected, {counts.get('not_run', 0)} not run"
                f"{ended}); nothing may skip the declared tests. Output:\n{tail}")
     elif outcome == "timeout":
-        limit = (section.get("limits") or {}).get("timeout")
-        why = (f"the reproduction ran past its {limit:.0f} s limit and was stopped; make the "
-               f"tests finish (the limit is 10x your own run, at least 60 s)")
+        limit = (section.get("limits") or {}).get("timeout") or 0
+        why = (f"the Host's run passed its {limit:g} s limit and was stopped with every "
+               f"process it started; make the tests finish in time (unless the Host sets "
+               f"another, the limit is 10 times your own run, at least 60 s)")
     else:
         why = f"the Host could not run it: {section.get('error')}"
     return (code, False, f"{label}: {why}")

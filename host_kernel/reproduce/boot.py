@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
         elif flag == "--path":
             paths.append(value)
     args = argv[1:]
+    sys.argv[1:] = args  # the report's path is not left for test code to find
     sys.path[:0] = paths
     if runner == "unittest":
         ReportingRunner.report_path = report

@@ -28,12 +28,22 @@ import pytest
 __all__ = ["ReportPlugin", "ReportingRunner"]
 
 
+#: Bound when this module is imported, before any test code runs: a test that replaces
+#: ``os.write`` or ``json.dumps`` later does not change what the report gets.
+_write = os.write
+_dumps = json.dumps
+
+
 class _Report:
+    """Opened once, then its name removed: the Host reads it through a descriptor it
+    opened before the run, and test code finds no path to rewrite."""
+
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        os.unlink(path)
 
     def emit(self, **event: Any) -> None:
-        os.write(self.fd, (json.dumps(event, default=str) + "\n").encode())
+        _write(self.fd, (_dumps(event, default=str) + "\n").encode())
 
 
 class ReportPlugin:
@@ -79,7 +89,7 @@ class _Result(unittest.TextTestResult):
     report: _Report
 
     def _phase(self, test: Any, outcome: str, err: Any = None, xfail: bool = False) -> None:
-        text = self._exc_info_to_string(err, test)[-1500:] if err else None
+        text = self._exc_info_to_string(err, test)[-1500:] if err else None  # type: ignore[attr-defined]
         self.report.emit(event="phase", nodeid=test.id(), when="call", outcome=outcome,
                          xfail=xfail, text=text)
 
@@ -120,7 +130,7 @@ class ReportingRunner(unittest.TextTestRunner):
     report_path = ""
 
     def run(self, test: Any) -> Any:
-        report = _Report(self.report_path)
+        report = _Report(type(self).report_path)
         report.emit(event="collected", before=test.countTestCases(),
                     after=test.countTestCases(), removed=[], removed_count=0)
         self.resultclass = type("Result", (_Result,), {"report": report})

@@ -180,8 +180,14 @@ class Reproducer:
                                   "error_code": exc.code}
             run.argv = self._argv(run, inv)
             section["argv"] = run.argv[1:]
+            # Opened before the run: the plugin removes the name once it has opened it.
+            report_fd = os.open(run.report, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             started = time.monotonic()
-            status, confined, error = self._launch(run, inv, timeout, plan.network)
+            try:
+                status, confined, error = self._launch(run, inv, timeout, plan.network)
+                report = _read_all(report_fd)
+            finally:
+                os.close(report_fd)
             section["duration"] = round(time.monotonic() - started, 3)
             section["confined"] = confined
             section["exit_status"] = status
@@ -190,7 +196,7 @@ class Reproducer:
                 return section | {"outcome": "error", "error": error}
             if status is None:
                 return section | {"outcome": "timeout"}
-            section.update(read_report(run.report))
+            section.update(read_report(report))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self._cache[key] = section
@@ -310,7 +316,16 @@ def _tail(out: Path, err: Path) -> str:
     return text[-OUTPUT_TAIL:]
 
 
-def read_report(path: Path) -> dict[str, Any]:
+def _read_all(fd: int, limit: int = 64 * 1024 * 1024) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := os.read(fd, 1 << 20)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_report(data: bytes) -> dict[str, Any]:
     """Counts and outcome from the plugin's report, test by test (never from stdout)."""
     phases: dict[str, list[tuple[str, str, bool]]] = {}
     texts: dict[str, str] = {}
@@ -318,11 +333,7 @@ def read_report(path: Path) -> dict[str, Any]:
     finished: dict[str, Any] | None = None
     collect_errors: list[str] = []
     deselected = 0
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
-        lines = []
-    for line in lines[:200_000]:
+    for line in data.splitlines()[:200_000]:
         try:
             event = json.loads(line)
         except ValueError:

@@ -106,10 +106,10 @@ def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
         if not entry:
             continue
         meta, path = entry.split("\t", 1)
-        mode, kind, oid = meta.split()
-        if kind != "blob" or mode == "120000" or _skip_file(path):
+        git_mode, kind, oid = meta.split()
+        if kind != "blob" or git_mode == "120000" or _skip_file(path):
             continue  # submodules, symlinks and bytecode are not taken
-        wanted.append((path, oid, 0o755 if mode == "100755" else 0o644))
+        wanted.append((path, oid, 0o755 if git_mode == "100755" else 0o644))
     if len(wanted) > MAX_BASELINE_FILES:
         raise _TooLarge(f"HEAD holds {len(wanted)} files; a baseline holds at most "
                         f"{MAX_BASELINE_FILES}")
@@ -134,7 +134,8 @@ def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
             data = proc.stdout.read(size)
             proc.stdout.read(1)
             # The object's id is the hash of its content: what we store is what HEAD holds.
-            if hashlib.sha1(b"blob %d\0" % size + data).hexdigest() != oid:
+            algo = "sha1" if len(oid) == 40 else "sha256"  # a repository's object format
+            if hashlib.new(algo, b"blob %d\0" % size + data).hexdigest() != oid:
                 raise ValueError(f"git object {oid} for {path} does not match its id")
             manifest[path] = (blobs.put_bytes(data).sha256, mode)
     finally:
