@@ -48,7 +48,7 @@ from .store.ledger import (
     rebuild,
 )
 from .store.verified import event_count, projection_drift
-from .verify import RecordedFiles, RecordView, Submission, verify
+from .verify import NOT_REPRODUCED, RecordedFiles, RecordView, Submission, verify
 
 __all__ = ["AuditReport", "Finding", "audit"]
 
@@ -337,13 +337,21 @@ def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: Audit
                 continue
             mode = TaskMode(session["mode"], bool(session["armed"]),
                             tuple(json.loads(session["signals"] or "[]")))
-            recorded = (body.get("verdict") or {}).get("reproduction") or []
+            given = body.get("verdict") or {}
+            recorded = given.get("reproduction") or []
+            runs: Any = live or RecordedRuns(recorded)
+            if "reproduction" not in given and mode.enforced:
+                runs = NOT_REPRODUCED
+                report.findings.append(Finding(
+                    "submission_not_reproduced", where, "accepted by a Host older than "
+                    "verification by reproduction: its tests were judged from the agent's "
+                    "receipt; the other checks are re-verified", fatal=False))
             view = RecordView(ledger, blobs, row["session"], before=row["seq"])
             verdict, _ = verify(Submission.from_dict(body.get("submission", {})), mode=mode,
                                 view=view, files=RecordedFiles(body.get("seen", {}), blobs),
                                 submission_id=body.get("submission_id", "?"),
                                 submit_seq=row["seq"], submitting_cell=body.get("cell_id"),
-                                runs=live or RecordedRuns(recorded))
+                                runs=runs)
             if not verdict.accepted:
                 failed = "; ".join(f"[{c.code}] {c.message}" for c in verdict.failed
                                    if not c.advisory)

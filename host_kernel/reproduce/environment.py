@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,22 @@ _identity_lock = threading.Lock()
 
 
 def pycache_dir() -> Path:
-    """The Host-owned bytecode cache for the base interpreter (one per interpreter)."""
+    """The Host-owned bytecode cache for the base interpreter (one per interpreter).
+
+    ``$XDG_CACHE_HOME/host_kernel/pycache-<tag>`` (``~/.cache`` by default), or a
+    folder of this user's in the temp folder when that cannot be made. Confined
+    code may read it, never write it.
+    """
     base = os.environ.get("XDG_CACHE_HOME", "")
     root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
     tag = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode()).hexdigest()[:12]
-    return root / "host_kernel" / f"pycache-{tag}"
+    folder = root / "host_kernel" / f"pycache-{tag}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"host_kernel-{os.getuid()}-pycache-{tag}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
 
 
 def interpreter_identity() -> dict[str, Any]:
@@ -65,7 +77,6 @@ def interpreter_identity() -> dict[str, Any]:
     with _identity_lock:
         if _identity is None:
             cache = pycache_dir()
-            cache.mkdir(parents=True, exist_ok=True)
             out = subprocess.run(
                 [sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _IDENTITY_CODE],
                 capture_output=True, text=True, timeout=120, env=run_env(Path("/"), Path("/")),
