@@ -297,7 +297,8 @@ AUDIT = Command(
         "Re-check a record read-only, without a kernel: the ledger file, the hash chain, each "
         "event's MAC (when record.key can be read), the stored projection against the events, "
         "every blob, every receipt's output digests, lineage drift, and every accepted "
-        "submission re-verified (with --reproduce, its tests re-run). One line per finding, the chain head, and a summary. Exit 0 "
+        "submission re-verified (with --reproduce, its tests re-run). One line per finding, "
+        "the chain head, and a summary. Exit 0 "
         "when clean, 1 when a failure was found or there is no record."),
     add_arguments=_audit_arguments,
     run=_audit_run,

@@ -666,8 +666,9 @@ def _check_declarations(sub: Submission, c: _Checks) -> None:
                                        "sentence) saying what each module owns")
     _check_evidence(sub, c, source_paths)
     for code in ("source_outside", "source_missing", "source_not_regular_file",
-                 "source_hash_mismatch", "source_not_saved", "source_bytecode", "entry_point_not_source",
-                 "entry_point_syntax", "architecture_summary", "declarations_missing"):
+                 "source_hash_mismatch", "source_not_saved", "source_bytecode",
+                 "entry_point_not_source", "entry_point_syntax", "architecture_summary",
+                 "declarations_missing"):
         if c.passed(code):
             c.ok(code)
 

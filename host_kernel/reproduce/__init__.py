@@ -26,7 +26,8 @@ from .runner import Limits, Plan, Reproducer
 from .scan import runner_hooks
 from .tree import BaselineError, load_manifest, record_baseline
 
-__all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline", "reproduce_evidence"]
+__all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline",
+           "reproduce_evidence"]
 
 #: The outcome of a run → the check code that refuses it.
 OUTCOME_CODES = {"failed": "reproduction_failed", "no_tests": "reproduction_no_tests",

@@ -126,12 +126,19 @@ def _file_hash(path: Path, algo: str) -> str | None:
     return base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
 
 
-def check_overlay(overlay: Path | None) -> tuple[list[str], list[tuple[str, str]], str]:
+#: What a file's recorded hash was checked against: (size, mtime ns, ctime ns, inode).
+HashCheckCache = dict[tuple[str, str], tuple[int, int, int, int]]
+
+
+def check_overlay(overlay: Path | None, checked: HashCheckCache | None = None,
+                  ) -> tuple[list[str], list[tuple[str, str]], str]:
     """Problems, the distributions installed, and a digest of the overlay's RECORDs.
 
     A problem is a sentence naming one file. Bytecode in ``__pycache__`` is not
     checked: the reproduction never reads it. Everything else must be listed by
     some distribution's ``RECORD`` and, where a hash is given, have it.
+    ``checked`` remembers files whose hash matched, by stat (ctime cannot be set
+    by a process), so a large overlay is hashed once per Host, not per submit.
     """
     if overlay is None or not overlay.is_dir():
         return [], [], hashlib.sha256(b"").hexdigest()
@@ -177,8 +184,18 @@ def check_overlay(overlay: Path | None) -> tuple[list[str], list[tuple[str, str]
                 if name != "RECORD":
                     problems.append(f"{rel} has no hash in its RECORD, so it cannot be checked")
                 continue
+            try:
+                info = os.lstat(path)
+            except OSError:
+                problems.append(f"{rel} cannot be read")
+                continue
+            key = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+            if checked is not None and checked.get((path, want[1])) == key:
+                continue
             if _file_hash(Path(path), want[0]) != want[1]:
                 problems.append(f"{rel} differs from the bytes its RECORD lists")
+            elif checked is not None:
+                checked[(path, want[1])] = key
     return problems, sorted(dists), digest.hexdigest()
 
 

@@ -43,6 +43,7 @@ from ..sandbox.client import Sandbox, SandboxError, probe
 from ..sandbox.policy import Policy
 from ..store.blobs import FileBlobStore
 from .environment import (
+    HashCheckCache,
     check_overlay,
     environment_digest,
     interpreter_identity,
@@ -117,6 +118,7 @@ class Reproducer:
         self._base = base
         self._own_base: Path | None = None
         self._cache: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._checked: HashCheckCache = {}
         self._lock = threading.Lock()
         self._count = 0
 
@@ -125,7 +127,7 @@ class Reproducer:
     def environment(self) -> tuple[dict[str, Any], list[str]]:
         """The environment section (interpreter, distributions, digest) and its problems."""
         identity = interpreter_identity()
-        problems, overlay_dists, overlay_digest = check_overlay(self.overlay)
+        problems, overlay_dists, overlay_digest = check_overlay(self.overlay, self._checked)
         section = {
             "interpreter": identity["executable"], "python": identity["version"],
             "distributions": [f"{n}=={v}" for n, v in identity["distributions"]],
