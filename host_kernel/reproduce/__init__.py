@@ -30,7 +30,7 @@ __all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_ba
            "reproduce_evidence"]
 
 #: The outcome of a run → the check code that refuses it.
-OUTCOME_CODES = {"failed": "reproduction_failed", "no_tests": "reproduction_no_tests",
+OUTCOME_CODES = {"tampered": "runner_tampered", "failed": "reproduction_failed", "no_tests": "reproduction_no_tests",
                  "incomplete": "reproduction_incomplete", "timeout": "reproduction_timeout",
                  "error": "reproduction_error"}
 
@@ -147,7 +147,8 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
                                           f"command{'s' if len(invocations) != 1 else ''} "
                                           f"on a tree of {len(manifest)} files…\n"})
     for command, duration, inv in invocations:
-        plan = Plan(command, inv, manifest, duration, request.network)
+        plan = Plan(command, inv, manifest, duration, request.network,
+                    frozenset(request.sources))
         section = runs.run(plan, env_section, emit)
         section = dict(section, environment=env_section)
         sections.append(section)
@@ -182,6 +183,9 @@ def _judge(command: str, section: Mapping[str, Any]) -> Finding:
         why = (f"on the declared files alone, {counts.get('failed', 0)} test(s) failed and "
                f"{counts.get('errors', 0) + counts.get('collect_errors', 0)} errored "
                f"({failing}); a file the tests need may be undeclared. Output:\n{detail}")
+    elif outcome == "tampered":
+        why = ("while the Host's run went on, declared code hooked the runner: "
+               + "; ".join(section.get("tampered") or []))
     elif outcome == "no_tests":
         why = (f"no test passed when the Host ran it ({_summary(section)}); the evidence must "
                f"run at least one test")

@@ -31,7 +31,7 @@ from host_kernel.reproduce.plugin import ReportingRunner, ReportPlugin
 
 
 def main(argv: list[str]) -> int:
-    report, runner, paths = "", "pytest", []
+    report, runner, paths, declared = "", "pytest", [], ""
     while argv and argv[0] != "--":
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--report":
@@ -40,6 +40,8 @@ def main(argv: list[str]) -> int:
             runner = value
         elif flag == "--path":
             paths.append(value)
+        elif flag == "--declared":
+            declared = value
     args = argv[1:]
     sys.argv[1:] = args  # the report's path is not left for test code to find
     sys.path[:0] = paths
@@ -48,7 +50,7 @@ def main(argv: list[str]) -> int:
         program = unittest.main(module=None, argv=["python -m unittest", *args],
                                 testRunner=ReportingRunner, exit=False)
         return 0 if program.result.wasSuccessful() else 1
-    return int(pytest.main(args, plugins=[ReportPlugin(report)]))
+    return int(pytest.main(args, plugins=[ReportPlugin(report, declared)]))
 
 
 if __name__ == "__main__":

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import unittest
 from typing import Any
 
 import pytest
+
+from .scan import HOOKS
 
 __all__ = ["ReportPlugin", "ReportingRunner"]
 
@@ -47,10 +50,55 @@ class _Report:
 
 
 class ReportPlugin:
-    """Registered by ``pytest.main(..., plugins=[ReportPlugin(path)])``."""
+    """Registered by ``pytest.main(..., plugins=[ReportPlugin(path, declared)])``.
 
-    def __init__(self, path: str) -> None:
+    Besides the outcomes, it looks at every implementation of a hook that can
+    change what runs or what is reported (``scan.HOOKS``) once collection is done
+    and again at the end: one whose code comes from a file the agent declared, or
+    from no file of the base installation or the tree's baseline (code built with
+    ``exec``), is reported as ``tampered``. That catches hooks a static reading
+    misses (``globals()["pytest_runtest_" + "makereport"] = …``).
+    """
+
+    def __init__(self, path: str, declared: str = "") -> None:
         self.report = _Report(path)
+        self.declared: set[str] = set()
+        if declared:
+            with open(declared, encoding="utf-8") as f:
+                self.declared = set(json.load(f))
+        self.trusted = tuple(os.path.realpath(p) + os.sep for p in {
+            sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.__file__)})
+        self.flagged: set[str] = set()
+
+    def _check_hooks(self, config: Any) -> None:
+        tree = os.path.realpath(str(config.rootpath)) + os.sep
+        found = []
+        for name in sorted(HOOKS):
+            hook = getattr(config.pluginmanager.hook, name, None)
+            if hook is None:
+                continue
+            for impl in hook.get_hookimpls():
+                if impl.plugin is self:
+                    continue
+                code = getattr(impl.function, "__code__", None)
+                file = getattr(code, "co_filename", "") or ""
+                real = os.path.realpath(file) if file and not file.startswith("<") else ""
+                if real.startswith(tree):
+                    rel = real[len(tree):].replace(os.sep, "/")
+                    if rel not in self.declared:
+                        continue  # the baseline's own conftest: the user's code
+                elif real.startswith(self.trusted):
+                    continue  # the runner, its plugins, the standard library
+                where = f"{file or '?'}" + (f" line {code.co_firstlineno}" if code else "")
+                found.append(f"{name} implemented in {where}")
+        new = [f for f in found if f not in self.flagged]
+        if new:
+            self.flagged.update(new)
+            self.report.emit(event="tampered", hooks=new[:20])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: Any) -> None:
+        self._check_hooks(session.config)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collection_modifyitems(self, session: Any, config: Any, items: list[Any]) -> Any:
@@ -81,6 +129,7 @@ class ReportPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: Any, exitstatus: Any) -> None:
+        self._check_hooks(session.config)
         self.report.emit(event="finished", exitstatus=int(exitstatus),
                          collected=session.testscollected, failed=session.testsfailed)
 

@@ -92,6 +92,8 @@ class Plan:
     manifest: Mapping[str, tuple[str, int]]
     agent_duration: float | None = None
     network: bool = False
+    #: The files the agent declared (the rest of the tree is the baseline).
+    declared: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -180,6 +182,7 @@ class Reproducer:
             except BaselineError as exc:
                 return section | {"outcome": "error", "error": exc.message,
                                   "error_code": exc.code}
+            (folder / "declared.json").write_text(json.dumps(sorted(plan.declared)))
             run.argv = self._argv(run, inv)
             section["argv"] = run.argv[1:]
             # Opened before the run: the plugin removes the name once it has opened it.
@@ -198,7 +201,7 @@ class Reproducer:
                 return section | {"outcome": "error", "error": error}
             if status is None:
                 return section | {"outcome": "timeout"}
-            section.update(read_report(report))
+            section.update(read_report(report, status))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self._cache[key] = section
@@ -208,10 +211,12 @@ class Reproducer:
         boot = [sys.executable, "-I", "-B", "-X", f"pycache_prefix={pycache_dir()}",
                 "-m", "host_kernel.reproduce.boot", "--report", str(run.report),
                 "--runner", inv.runner]
-        if self.overlay is not None:
-            boot += ["--path", str(self.overlay)]
+        # As `python -m` with PYTHONPATH would: its own folder first, then the overlay.
         if inv.cwd_on_path:
             boot += ["--path", str(run.tree / inv.cwd)]
+        if self.overlay is not None:
+            boot += ["--path", str(self.overlay)]
+        boot += ["--declared", str(run.folder / "declared.json")]
         if inv.runner == "unittest":
             return boot + ["--", *inv.args]
         config = self._config(run)
@@ -247,8 +252,7 @@ class Reproducer:
         tmp.mkdir()
         env = run_env(home, tmp)
         cwd = run.tree / inv.cwd
-        if not cwd.is_dir():
-            return 2, False, f"the command's folder {inv.cwd!r} is not in the tree"
+        cwd.mkdir(parents=True, exist_ok=True)  # a folder that holds no declared file
         sandbox: Sandbox | None = None
         argv = run.argv
         confinement = probe(None, network=network) if self.confine else None
@@ -327,13 +331,18 @@ def _read_all(fd: int, limit: int = 64 * 1024 * 1024) -> bytes:
     return b"".join(chunks)
 
 
-def read_report(data: bytes) -> dict[str, Any]:
-    """Counts and outcome from the plugin's report, test by test (never from stdout)."""
+def read_report(data: bytes, exit_status: int | None = 0) -> dict[str, Any]:
+    """Counts and outcome from the plugin's report, test by test (never from stdout).
+
+    The runner's own exit status must agree: a report of nothing but passes from a
+    run that exited non-zero says the report was written by someone else.
+    """
     phases: dict[str, list[tuple[str, str, bool]]] = {}
     texts: dict[str, str] = {}
     collected: dict[str, Any] | None = None
     finished: dict[str, Any] | None = None
     collect_errors: list[str] = []
+    tampered: list[str] = []
     deselected = 0
     for line in data.splitlines()[:200_000]:
         try:
@@ -358,6 +367,8 @@ def read_report(data: bytes) -> dict[str, Any]:
             collect_errors.append(f"{event.get('nodeid')}: {str(event.get('text'))[-400:]}")
         elif kind == "finished":
             finished = event
+        elif kind == "tampered":
+            tampered += [str(h) for h in event.get("hooks", ())]
     counts = {"collected": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
               "xfailed": 0, "deselected": deselected, "not_run": 0,
               "collect_errors": len(collect_errors)}
@@ -372,15 +383,22 @@ def read_report(data: bytes) -> dict[str, Any]:
         removed = int(collected.get("removed_count", 0))
         counts["deselected"] = max(deselected, removed)
     counts["not_run"] = max(0, counts["collected"] - len(phases))
-    if collect_errors or counts["failed"] or counts["errors"]:
+    if tampered:
+        outcome = "tampered"
+    elif collect_errors or counts["failed"] or counts["errors"]:
         outcome = "failed"
     elif finished is None or collected is None or counts["deselected"] or counts["not_run"]:
         outcome = "incomplete"
     elif counts["passed"] < 1:
         outcome = "no_tests"
+    elif exit_status != 0:
+        outcome = "failed"
+        collect_errors.append(f"the runner exited {exit_status} although its report shows "
+                              f"no failure: the report was not the runner's own")
     else:
         outcome = "passed"
     return {"outcome": outcome, "counts": counts, "finished": finished is not None,
+            "tampered": sorted(set(tampered))[:20],
             "failing": failing[:20], "failures": [texts[n][-800:] for n in failing[:3]
                                                   if n in texts] + collect_errors[:3]}
 

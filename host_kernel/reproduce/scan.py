@@ -66,10 +66,12 @@ def runner_hooks(files: Mapping[str, bytes], import_roots: Iterable[str]) -> lis
     for rel, data in sorted(files.items()):
         pure = PurePosixPath(rel)
         parent = pure.parent.as_posix()
-        top = pure.stem if pure.suffix == ".py" else pure.parts[-2] if (
-            len(pure.parts) >= 2 and pure.name == "__init__.py") else None
-        top_parent = parent if pure.suffix == ".py" and pure.name != "__init__.py" else (
-            pure.parent.parent.as_posix())
+        if pure.name == "__init__.py" and len(pure.parts) >= 2:
+            top, top_parent = pure.parts[-2], pure.parent.parent.as_posix()  # a package
+        elif pure.suffix == ".py":
+            top, top_parent = pure.stem, parent
+        else:
+            top, top_parent = None, parent
         if top and top in shadowable and top_parent in roots:
             found.append(f"{rel}: a module named {top!r} on the reproduction's import path "
                          f"would stand in for the runner's or Python's own")

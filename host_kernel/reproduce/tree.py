@@ -142,6 +142,7 @@ def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
         proc.stdin.close()
         proc.kill()
         proc.wait()
+        proc.stdout.close()
     return manifest
 
 
