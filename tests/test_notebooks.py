@@ -90,7 +90,7 @@ def test_nbclient_runs_each_notebook_and_the_record_holds_every_cell(
         assert exported.metadata["host_kernel"]["armed"] is True
         verdicts = [s["accepted"] for s in exported.metadata["host_kernel"]["submissions"]]
         assert verdicts == [True, False]
-        assert "stale_evidence" in exported.metadata["host_kernel"]["submissions"][1]["failed"]
+        assert "reproduction_failed" in exported.metadata["host_kernel"]["submissions"][1]["failed"]
     assert hk_folders(tmpdir) == []
 
 

@@ -15,7 +15,7 @@ import pytest
 from host_kernel import Host
 from host_kernel.audit import audit
 from host_kernel._errors import RecordError
-from host_kernel.verify import CHECKS
+from host_kernel.verify import CHECKS, RETIRED
 
 from _helpers import run_ok
 from _pipeline import SOURCES, SUMMARY, TEST_CMD, build_package, submit
@@ -48,7 +48,9 @@ def test_the_kernel_sees_a_refusal_as_an_exception_listing_every_failure(honest:
     ({"completion_bullets": ["a", "b", "c", "d", "e"]}, "completion_bullets"),
     ({"completion_bullets": ["  "]}, "completion_bullets"),
     ({"task_status": "done"}, "task_status"),
-    ({"output": {"figures": ["plots/never_made.png"]}}, "claim_unbacked"),
+    ({"output": {"figures": ["plots/never_made.png"]}}, "claim_missing"),
+    ({"output": {"summary": "done", "details": [{"chart": "plots/never_made.png"}]}},
+     "claim_missing"),
     ({"output": {"artifact_id": "5b0e7a8e-3c1d-4c4e-9f00-000000000000", "artifacts": ["5b0e7a8e-3c1d-4c4e-9f00-000000000000"]}}, "claim_unbacked"),
 ])
 def test_every_mode_checks(honest: Host, overrides: dict[str, object], code: str) -> None:
@@ -89,6 +91,19 @@ def test_a_file_written_by_cell_code_directly_backs_nothing(honest: Host) -> Non
 def test_files_written_through_host_and_by_host_bash_are_backed(honest: Host) -> None:
     run_ok(honest, "host.write_file('out/a.txt', 'a')\nhost.bash('echo b > out/b.txt')")
     accepted, failed, text = submit(honest, output={"files": ["out/a.txt", "out/b.txt"]})
+    assert accepted, text
+
+
+def test_a_file_only_touched_by_host_bash_backs_nothing(honest: Host) -> None:
+    # Made outside the session, then touched by a command: its bytes are the same as at the
+    # command's start, so the command produced nothing.
+    (honest.workdir / "touched.csv").write_text("made outside the Host\n")
+    run_ok(honest, "host.bash('touch touched.csv')")
+    accepted, failed, text = submit(honest, output={"files": ["touched.csv"]})
+    assert not accepted and "claim_unbacked" in failed, text
+    # A command that really changes its bytes backs it.
+    run_ok(honest, "host.bash('echo more >> touched.csv')")
+    accepted, failed, text = submit(honest, output={"files": ["touched.csv"]})
     assert accepted, text
 
 
@@ -162,22 +177,51 @@ def test_evidence_from_the_submitting_cell_itself(honest: Host) -> None:
 
 @pytest.mark.parametrize("command, codes", [
     ("exit 1", {"exit_nonzero"}),
-    (f"{TEST_CMD} || true", {"masked_failure"}),
-    (f"{TEST_CMD}; true", {"masked_failure"}),
-    (f"{TEST_CMD} | tee log.txt", {"masked_failure"}),
-    (f"echo $(false) && {TEST_CMD}", {"masked_failure"}),
-    ("python -m pytest --collect-only -q tests", {"no_tests_ran"}),
-    ("python -m pytest -q tests -k nothing_matches", {"no_tests_ran", "exit_nonzero"}),
-    ("python -m pytest -q failing", {"tests_failed", "exit_nonzero"}),
+    ("python -m pytest -q tests -k nothing_matches", {"exit_nonzero"}),
+    ("python -m pytest -q failing", {"exit_nonzero"}),
+    # Commands that hide the failing test's exit status: the receipt exits 0, and the Host
+    # will not reproduce more than one plain command.
+    ("python -m pytest -q failing || true", {"runner_unrecognised"}),
+    ("python -m pytest -q failing; true", {"runner_unrecognised"}),
+    ("python -m pytest -q failing | tee log.txt", {"runner_unrecognised"}),
+    ("echo $(false) && python -m pytest -q failing || true", {"runner_unrecognised"}),
+    ("python -m pytest --co -q failing && echo '1 passed in 0.01s'", {"runner_unrecognised"}),
+    ("PYTHONPATH=fakes python -m pytest -q tests", {"runner_unrecognised"}),
     ("python -c 'print(1)'", {"runner_unrecognised"}),
-    ("python -m pytest --co -q tests && echo '1 passed in 0.01s'", {"masked_failure"}),
+    # Commands that choose which tests run (or run none) and exit 0.
+    ("python -m pytest --collect-only -q failing", {"selection_not_allowed"}),
+    ("python -m pytest -q -k test_ok failing", {"selection_not_allowed"}),
+    ("python -m pytest -q --deselect failing/test_bad.py::test_bad failing",
+     {"selection_not_allowed"}),
+    ("python -m pytest -q failing/test_bad.py::test_ok", {"selection_not_allowed"}),
+    ("python -m pytest -q -p no:randomly tests", {"selection_not_allowed"}),
+    ("python -m pytest -q --version", {"selection_not_allowed"}),
 ])
 def test_receipt_checks(honest: Host, command: str, codes: set[str]) -> None:
-    run_ok(honest, "host.write_file('failing/test_bad.py', 'def test_bad():\\n    assert 1 == 2\\n')")
-    obs = honest.execute(f"host.bash({command!r})")
+    run_ok(honest, "host.write_file('failing/test_bad.py', 'def test_ok():\\n    assert True\\n\\n\\n"
+                   "def test_bad():\\n    assert 1 == 2\\n')")
+    obs = honest.execute(f"r = host.bash({command!r})\nprint('EXIT', r.exit_status)")
+    if codes != {"exit_nonzero"}:
+        assert "EXIT 0" in obs.text, obs.text  # the receipt itself looks fine
     accepted, failed, text = submit(honest, test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
     assert not accepted
     assert codes <= set(failed), text
+    assert _reproduction(honest) == []  # refused before anything is re-run
+
+
+def test_a_test_path_that_was_not_declared(honest: Host) -> None:
+    # The command really ran and exited 0, but the Host re-runs only declared files.
+    run_ok(honest, "host.write_file('extra/test_more.py', 'def test_more():\\n    assert True\\n')")
+    command = "python -m pytest -q extra"
+    obs = honest.execute(f"r = host.bash({command!r})\nprint('EXIT', r.exit_status)")
+    assert "EXIT 0" in obs.text, obs.text
+    accepted, failed, text = submit(honest, test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "test_path_undeclared" in failed, text
+    # Declared (and saved), the same evidence is reproduced and accepted.
+    run_ok(honest, "host.save_artifact('extra/test_more.py')")
+    accepted, failed, text = submit(honest, source_files=list(SOURCES) + ["extra/test_more.py"],
+                                    test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
+    assert accepted, text
 
 
 def test_and_and_redirections_are_fine(honest: Host) -> None:
@@ -187,60 +231,98 @@ def test_and_and_redirections_are_fine(honest: Host) -> None:
     assert accepted, text
 
 
+#: pkg.core broken: its test fails wherever it really runs.
+BROKEN = "def add(a, b):\n    return a - b\n"
+
+
+def _break(host: Host) -> None:
+    """Write and save the broken pkg/core.py: the declared bytes now fail their test."""
+    run_ok(host, f"host.write_file('pkg/core.py', {BROKEN!r})\nhost.save_artifact('pkg/core.py')")
+
+
+def _reproduction(host: Host) -> list[dict[str, object]]:
+    """The reproduction sections of the last verdict, as the record holds them."""
+    row = host.ledger.query("SELECT body FROM submissions ORDER BY seq DESC LIMIT 1")[0]
+    return json.loads(row["body"])["verdict"]["reproduction"]
+
+
 def test_path_shadowing_python_with_a_script_that_exits_0(fresh: Host) -> None:
+    _break(fresh)
     fake = "#!/bin/sh\necho '3 passed in 0.01s'\nexit 0\n"
     run_ok(fresh, f"host.write_file('shim/python', {fake!r})\nimport os\nos.chmod('shim/python', 0o755)\n"
                   "os.environ['PATH'] = os.path.abspath('shim') + ':' + os.environ['PATH']")
     obs = fresh.execute(f"r = host.bash({TEST_CMD!r})\nprint(r.exit_status)")
     assert "3 passed" in obs.text
-    accepted, failed, _ = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
-    assert not accepted and "runner_substituted" in failed
+    accepted, failed, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "reproduction_failed" in failed, text
+    [section] = _reproduction(fresh)
+    assert section["outcome"] == "failed" and section["counts"]["failed"] == 1
+    assert "shim" not in str(section["interpreter"])  # the Host's interpreter, not the shim
 
 
 def test_a_workspace_module_shadowing_the_runner(fresh: Host) -> None:
+    _break(fresh)
     shim = 'print("5 passed in 0.01s")\n'
     assert fresh.execute(f"host.write_file('pytest.py', {shim!r})").status == "ok"
     obs = fresh.execute(f"r = host.bash({TEST_CMD!r})\nprint(r.exit_status, r.shadowed_modules)")
     assert "0 ('pytest',)" in obs.text
     accepted, failed, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
-    assert not accepted and "runner_substituted" in failed
-    assert "pytest" in text
+    assert not accepted and "reproduction_failed" in failed, text
+    # Declaring the shim puts it in the Host's tree, where it is named for what it is.
+    run_ok(fresh, "host.save_artifact('pytest.py')")
+    accepted, failed, text = submit(fresh, source_files=list(SOURCES) + ["pytest.py"],
+                                    test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "runner_tampered" in failed, text
+    assert "pytest.py" in text
 
 
 def test_pythonpath_edited_in_the_kernel(fresh: Host) -> None:
-    obs = fresh.execute(f"import os\nos.environ['PYTHONPATH'] = 'fakes'\nhost.bash({TEST_CMD!r})\n"
-                        "del os.environ['PYTHONPATH']")
-    accepted, failed, _ = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
-    assert not accepted and "runner_substituted" in failed
+    _break(fresh)
+    run_ok(fresh, "host.write_file('fakes/pytest.py', 'print(\"1 passed in 0.01s\")\\n')")
+    obs = fresh.execute(f"import os\nos.environ['PYTHONPATH'] = 'fakes'\nr = host.bash({TEST_CMD!r})\n"
+                        "del os.environ['PYTHONPATH']\nprint('EXIT', r.exit_status)")
+    assert "EXIT 0" in obs.text, obs.text
+    accepted, failed, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "reproduction_failed" in failed, text
 
 
-def test_old_bytes_put_back_after_the_tests_are_stale(fresh: Host) -> None:
+def test_old_bytes_put_back_after_the_tests_fail_their_reproduction(fresh: Host) -> None:
     # broken code saved, fixed, tested, then the broken bytes put back (and they are an artifact)
-    broken = "def add(a, b):\n    return a - b\n"
-    assert fresh.execute(f"host.write_file('pkg/core.py', {broken!r})\n"
+    assert fresh.execute(f"host.write_file('pkg/core.py', {BROKEN!r})\n"
                          "host.save_artifact('pkg/core.py')\n"
                          f"host.write_file('pkg/core.py', {SOURCES['pkg/core.py']!r})").status == "ok"
-    obs = fresh.execute(f"host.bash({TEST_CMD!r})")
-    assert fresh.execute(f"open('pkg/core.py', 'w').write({broken!r})").status == "ok"
-    accepted, failed, _ = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
-    assert not accepted and "stale_evidence" in failed
+    obs = fresh.execute(f"r = host.bash({TEST_CMD!r})\nprint('EXIT', r.exit_status)")
+    assert "EXIT 0" in obs.text
+    assert fresh.execute(f"open('pkg/core.py', 'w').write({BROKEN!r})").status == "ok"
+    accepted, failed, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
+    assert not accepted and "reproduction_failed" in failed, text
+    assert "test_add" in text
 
 
-def test_a_source_edited_after_the_tests_ran_is_stale(fresh: Host) -> None:
+def test_a_source_edited_after_the_tests_ran_is_reproduced_on_its_saved_bytes(fresh: Host) -> None:
+    # A correct edit after the agent's own run: the Host tests the saved bytes itself.
     run_ok(fresh, "host.edit_file('pkg/core.py', 'return a + b', 'return a + b + 0')\n"
                   "host.save_artifact('pkg/core.py')")
     accepted, failed, text = submit(fresh)
-    assert not accepted and "stale_evidence" in failed
-    # running the tests again and citing the new cell is accepted
-    obs = fresh.execute(f"host.bash({TEST_CMD!r})")
-    accepted, _, text = submit(fresh, test_evidence=[{"command": TEST_CMD, "producing_cell_id": obs.cell_id}])
     assert accepted, text
+    [section] = _reproduction(fresh)
+    assert section["outcome"] == "passed" and section["counts"]["passed"] == 1
+    # A wrong edit after it, with the same old evidence, is refused.
+    run_ok(fresh, "host.edit_file('pkg/core.py', 'return a + b + 0', 'return a + b + 1')\n"
+                  "host.save_artifact('pkg/core.py')")
+    accepted, failed, text = submit(fresh)
+    assert not accepted and "reproduction_failed" in failed, text
+    assert _reproduction(fresh)[0]["outcome"] == "failed"
 
 
-def test_a_source_edited_directly_and_resaved_after_the_tests_is_stale(fresh: Host) -> None:
+def test_a_source_edited_directly_and_resaved_after_the_tests_is_reproduced(fresh: Host) -> None:
     run_ok(fresh, "open('pkg/core.py', 'a').write('# touched\\n')\nhost.save_artifact('pkg/core.py')")
-    accepted, failed, _ = submit(fresh)
-    assert not accepted and "stale_evidence" in failed
+    accepted, failed, text = submit(fresh)
+    assert accepted, text
+    assert _reproduction(fresh)[0]["outcome"] == "passed"
+    run_ok(fresh, f"open('pkg/core.py', 'w').write({BROKEN!r})\nhost.save_artifact('pkg/core.py')")
+    accepted, failed, text = submit(fresh)
+    assert not accepted and "reproduction_failed" in failed, text
 
 
 def test_a_source_changed_but_not_saved(fresh: Host) -> None:
@@ -262,14 +344,26 @@ def test_a_claimed_artifact_whose_blob_was_altered(fresh: Host) -> None:
     assert not accepted and "artifact_altered" in failed
 
 
-def test_receipt_output_altered_in_the_store(fresh: Host) -> None:
+def test_a_receipts_output_altered_in_the_store_is_not_evidence(fresh: Host) -> None:
+    # The Host never reads the agent's printed output to decide: its own run does.
     body = json.loads(fresh.ledger.query("SELECT body FROM receipts WHERE cell_id = ?",
                                          (fresh._evidence_cell,))[0]["body"])  # type: ignore[attr-defined]
     blob = _blob(fresh, body["stdout_sha256"])
     os.chmod(blob, 0o644)
     blob.write_text("1 passed in 0.01s\n")
-    accepted, failed, _ = submit(fresh)
-    assert not accepted and "receipt_output_altered" in failed
+    _break(fresh)
+    accepted, failed, text = submit(fresh)
+    assert not accepted and "reproduction_failed" in failed, text
+    assert set(failed).isdisjoint(RETIRED)
+    # The same altered output with the good code back: accepted on the Host's own run...
+    run_ok(fresh, f"host.write_file('pkg/core.py', {SOURCES['pkg/core.py']!r})\n"
+                  "host.save_artifact('pkg/core.py')")
+    accepted, failed, text = submit(fresh)
+    assert accepted, text
+    # ...and the altered blob is still caught by audit.
+    report = audit(fresh.record_dir)
+    assert any(f.code in ("blob_altered", "receipt_stream_altered") and f.fatal
+               for f in report.findings), [str(f) for f in report.findings]
 
 
 def test_editing_the_sqlite_file_is_denied_to_a_cell_and_refused_from_outside(

@@ -175,6 +175,9 @@ def parse(command: str, cwd: str, files: Collection[str]) -> Invocation:
                                                        f"{_one_command(command)}")
     known = set(files)
     folders = {p.rsplit("/", i)[0] for p in known for i in range(1, p.count("/") + 1)}
+    if here != "." and here not in folders:
+        raise InvocationRefused("test_path_undeclared", f"the command runs in {here!r}, which "
+                                                        f"holds no declared file")
     if runner == "pytest":
         args, paths = _pytest_args(rest, here, known, folders)
     else:

@@ -1,8 +1,11 @@
 """Cell code trying to get an unbacked completion accepted: each attempt refused or without effect.
 
-Every attempt runs in a real cell of an armed session with a real package whose tests
-really pass (the `honest` and `fresh` fixtures of conftest.py), so the only thing wrong
-is the lie.
+Every attempt runs in a real cell of an armed session with a real package (the `honest`
+and `fresh` fixtures of conftest.py). Attempts on the record use the package whose tests
+really pass, so the only thing wrong is the lie. Attempts on the test run itself use the
+same package with a broken, saved ``pkg/core.py`` (the `broken` fixture, or `_break`),
+whose test fails wherever it really runs: the forged run exits 0 all the same, and the
+Host's own reproduction (or its refusal to reproduce such a command) is what stops it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,25 @@ from _helpers import refusal, run_ok
 from _pipeline import SOURCES, TEST_CMD, build_package, submit
 
 
+BROKEN = "def add(a, b):\n    return a - b\n"
+
+
+def _break(host: Host) -> None:
+    """Write and save a broken pkg/core.py: the declared bytes now fail their test."""
+    run_ok(host, f"host.write_file('pkg/core.py', {BROKEN!r})\nhost.save_artifact('pkg/core.py')")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
+    """An armed session whose saved package fails its test (its passing run came first)."""
+    ws = tmp_path_factory.mktemp("broken") / "ws"
+    ws.mkdir()
+    with Host(ws, mode="reusable_pipeline") as h:
+        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
+        _break(h)
+        yield h
+
+
 def _cite(host: Host, cell_id: object, command: str = TEST_CMD) -> tuple[bool, dict[str, bool]]:
     accepted, failed, _ = submit(host, test_evidence=[{"command": command,
                                                         "producing_cell_id": cell_id}])
@@ -29,6 +51,21 @@ def _cite(host: Host, cell_id: object, command: str = TEST_CMD) -> tuple[bool, d
 
 def _ran(host: Host, code: str) -> str:
     return host.execute(code).cell_id
+
+
+def _ran_ok(host: Host, command: str) -> str:
+    """Run ``command`` through host.bash in a cell; its receipt must exit 0. The cell id."""
+    obs = host.execute(f"r = host.bash({command!r})\nprint('EXIT', r.exit_status)")
+    assert "EXIT 0" in obs.text, obs.text
+    return obs.cell_id
+
+
+def _outcomes(host: Host) -> list[object]:
+    """The outcomes of the last verdict's reproductions, as the record holds them."""
+    import json
+
+    row = host.ledger.query("SELECT body FROM submissions ORDER BY seq DESC LIMIT 1")[0]
+    return [r["outcome"] for r in json.loads(row["body"])["verdict"]["reproduction"]]
 
 
 def test_made_up_exit_status_sent_to_the_socket(honest: Host) -> None:
@@ -78,51 +115,68 @@ def test_a_cell_id_from_another_sessions_record(honest: Host, tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("command", [f"{TEST_CMD} || true", f"{TEST_CMD}; true",
-                                     f"{TEST_CMD} | tee out.log", f"eval {TEST_CMD!r}",
+                                     f"{TEST_CMD} | tee out.log",
+                                     f"eval {TEST_CMD + ' || true'!r}",
                                      f"{TEST_CMD} & wait"])
-def test_commands_that_can_hide_a_failure(honest: Host, command: str) -> None:
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
-    assert not accepted and "masked_failure" in failed
+def test_commands_that_can_hide_a_failure(broken: Host, command: str) -> None:
+    cell = _ran_ok(broken, command)  # the failing test is hidden: the receipt exits 0
+    accepted, failed = _cite(broken, cell, command)
+    assert not accepted and "runner_unrecognised" in failed
+    assert _outcomes(broken) == []
+
+
+def test_old_passing_evidence_for_broken_code(broken: Host) -> None:
+    accepted, failed = _cite(broken, broken._evidence_cell)  # type: ignore[attr-defined]
+    assert not accepted and "reproduction_failed" in failed
+    assert _outcomes(broken) == ["failed"]
 
 
 def test_path_pointing_at_a_fake_python(fresh: Host) -> None:
+    _break(fresh)
     fake = "#!/bin/sh\necho '9 passed in 0.01s'\n"
     run_ok(fresh, f"host.write_file('bin/python', {fake!r})\nimport os\nos.chmod('bin/python', 0o755)\n"
                 "os.environ['PATH'] = os.path.abspath('bin') + os.pathsep + os.environ['PATH']")
-    cell = _ran(fresh, f"host.bash({TEST_CMD!r})")
+    cell = _ran_ok(fresh, TEST_CMD)
     accepted, failed = _cite(fresh, cell)
-    assert not accepted and "runner_substituted" in failed
+    assert not accepted and "reproduction_failed" in failed
+    assert _outcomes(fresh) == ["failed"]
 
 
-def test_a_workspace_wrapper_script(honest: Host) -> None:
+def test_a_workspace_wrapper_script(broken: Host) -> None:
     script = "#!/bin/sh\necho '2 passed in 0.01s'\n"
-    run_ok(honest, f"host.write_file('run_tests.sh', {script!r})\nimport os\n"
+    run_ok(broken, f"host.write_file('run_tests.sh', {script!r})\nimport os\n"
                     "os.chmod('run_tests.sh', 0o755)")
     command = "./run_tests.sh pytest"
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
-    assert not accepted and "runner_substituted" in failed
+    cell = _ran_ok(broken, command)
+    accepted, failed = _cite(broken, cell, command)
+    assert not accepted and "runner_unrecognised" in failed
 
 
 def test_evidence_older_than_the_last_source_edit(fresh: Host) -> None:
+    # The Host re-runs the tests on the saved bytes: a correct edit after the agent's own
+    # run is accepted on that reproduction...
     run_ok(fresh, "host.edit_file('pkg/core.py', 'a + b', 'b + a')\nhost.save_artifact('pkg/core.py')")
     accepted, failed = _cite(fresh, fresh._evidence_cell)  # type: ignore[attr-defined]
-    assert not accepted and "stale_evidence" in failed
+    assert accepted, failed
+    assert _outcomes(fresh) == ["passed"]
+    # ...and a breaking one, with the same old evidence, is refused.
+    run_ok(fresh, "host.edit_file('pkg/core.py', 'b + a', 'b - a')\nhost.save_artifact('pkg/core.py')")
+    accepted, failed = _cite(fresh, fresh._evidence_cell)  # type: ignore[attr-defined]
+    assert not accepted and "reproduction_failed" in failed
 
 
-def test_collect_only_runs_no_test(honest: Host) -> None:
+def test_collect_only_runs_no_test(broken: Host) -> None:
     command = "python -m pytest --collect-only -q tests"
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
-    assert not accepted and "no_tests_ran" in failed
+    cell = _ran_ok(broken, command)
+    accepted, failed = _cite(broken, cell, command)
+    assert not accepted and "selection_not_allowed" in failed
 
 
-def test_a_forged_summary_printed_after_the_runner(honest: Host) -> None:
-    command = "python -m pytest -q tests -k nothing && echo '7 passed in 0.01s'"
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
-    assert not accepted and {"masked_failure", "exit_nonzero"} & set(failed)
+def test_a_forged_summary_printed_after_the_runner(broken: Host) -> None:
+    command = "python -m pytest -q tests -k nothing; echo '7 passed in 0.01s'"
+    cell = _ran_ok(broken, command)
+    accepted, failed = _cite(broken, cell, command)
+    assert not accepted and "runner_unrecognised" in failed
 
 
 def test_a_host_call_from_a_thread_after_its_cell_ended(honest: Host) -> None:
@@ -204,39 +258,56 @@ def test_entry_points_are_never_executed(honest: Host) -> None:
 
 @pytest.mark.parametrize("command, code", [
     ("echo '1 passed in 0.01s'  # pytest", "runner_unrecognised"),
-    ("echo '1 passed in 0.01s' >&2 && python -m pytest --co -q tests", "no_tests_ran"),
-    ("echo '1 passed in 0.01s' && python -m pytest --co -q tests", "no_tests_ran"),
+    ("echo '1 passed in 0.01s' >&2 && python -m pytest --co -q tests", "runner_unrecognised"),
+    ("echo '1 passed in 0.01s' && python -m pytest --co -q tests", "runner_unrecognised"),
     ("echo pytest", "runner_unrecognised"),
+    ("cd . && python -m pytest --co -q tests 2>&1", "selection_not_allowed"),
 ])
 def test_a_runner_named_but_not_run_or_a_summary_forged_before_it(
-        honest: Host, command: str, code: str) -> None:
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
+        broken: Host, command: str, code: str) -> None:
+    cell = _ran_ok(broken, command)
+    accepted, failed = _cite(broken, cell, command)
     assert not accepted and code in failed
 
 
 def test_bytes_swapped_at_the_same_size_with_mtime_restored(fresh: Host) -> None:
-    # Broken code of the same size is put in place with the old mtime for the test run,
-    # then the good bytes come back: the tests never ran on the declared bytes.
+    # Broken code of the same size is saved, the good bytes are put in place with the old
+    # mtime for the test run (which passes), then the broken bytes come back the same way:
+    # the tests never ran on the declared bytes, and the Host's own run shows it.
     good = SOURCES["pkg/core.py"]
     bad = good.replace("a + b", "a - b")
     assert len(bad) == len(good)
     code = (f"import os\nst = os.stat('pkg/core.py')\nopen('pkg/core.py', 'w').write({bad!r})\n"
             "os.utime('pkg/core.py', ns=(st.st_atime_ns, st.st_mtime_ns))")
-    run_ok(fresh, code)
-    cell = _ran(fresh, f"host.bash({TEST_CMD!r})")
+    run_ok(fresh, code + "\nhost.save_artifact('pkg/core.py')")
     run_ok(fresh, code.replace(repr(bad), repr(good)))
+    cell = _ran_ok(fresh, TEST_CMD)
+    run_ok(fresh, code)
+    assert (fresh.workdir / "pkg" / "core.py").read_text() == bad
     accepted, failed = _cite(fresh, cell)
-    assert not accepted and "stale_evidence" in failed
+    assert not accepted and "reproduction_failed" in failed
 
 
-@pytest.mark.parametrize("setup, command", [
-    ("host.write_file('sub/pytest.py', 'print(\"3 passed in 0.01s\")')", "cd sub && python -m pytest"),
+@pytest.mark.parametrize("setup, command, declared, code", [
+    # The shim is not declared: the folder the command runs in holds no declared file.
+    ("host.write_file('sub/pytest.py', 'print(\"3 passed in 0.01s\")')", "cd sub && python -m pytest",
+     None, "test_path_undeclared"),
+    # Declared, the shim is in the tree, on the import path, where it is named for what it is.
+    ("host.write_file('sub/pytest.py', 'print(\"3 passed in 0.01s\")')", "cd sub && python -m pytest",
+     "sub/pytest.py", "runner_tampered"),
+    # A script named pytest: the Host runs its own pytest in that folder, which holds no test.
     ("host.write_file('sub/pytest', '#!/bin/sh\\necho 3 passed in 0.01s\\n')\n"
-     "import os\nos.chmod('sub/pytest', 0o755)", "cd sub && ./pytest"),
+     "import os\nos.chmod('sub/pytest', 0o755)", "cd sub && ./pytest", "sub/pytest",
+     "reproduction_no_tests"),
 ])
-def test_a_runner_substituted_after_a_cd(honest: Host, setup: str, command: str) -> None:
-    run_ok(honest, setup)
-    cell = _ran(honest, f"host.bash({command!r})")
-    accepted, failed = _cite(honest, cell, command)
-    assert not accepted and "runner_substituted" in failed
+def test_a_runner_substituted_after_a_cd(broken: Host, setup: str, command: str,
+                                         declared: str | None, code: str) -> None:
+    run_ok(broken, setup)
+    cell = _ran_ok(broken, command)
+    sources = list(SOURCES)
+    if declared is not None:
+        run_ok(broken, f"host.save_artifact({declared!r})")
+        sources.append(declared)
+    accepted, failed, text = submit(broken, source_files=sources, test_evidence=[
+        {"command": command, "producing_cell_id": cell}])
+    assert not accepted and code in failed, text
