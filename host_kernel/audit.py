@@ -378,10 +378,13 @@ def _compare_runs(where: str, recorded: list[dict[str, Any]], again: tuple[dict[
             continue
         was, now = same[0], run
         if (was.get("outcome"), was.get("counts")) != (now.get("outcome"), now.get("counts")):
+            overlay = (was.get("environment") or {}).get("overlay") or []
+            why = (f"; the session's package overlay ({', '.join(overlay[:5])}) is not kept in "
+                   f"the record, so the re-run had only the base interpreter" if overlay else "")
             report.findings.append(Finding(
                 "reproduction_differs", where,
                 f"{run.get('command')!r}: recorded {was.get('outcome')} {was.get('counts')}, "
-                f"re-run {now.get('outcome')} {now.get('counts')}"))
+                f"re-run {now.get('outcome')} {now.get('counts')}{why}"))
 
 
 def print_progress(stage: str, done: int, total: int) -> None:

@@ -525,20 +525,28 @@ def _check_claims(out: dict[str, Any], c: _Checks) -> None:
         c.ok("claim_unbacked", f"{len(claims)} claimed file(s)/artifact(s) backed")
 
 
+def _unbacked_name(claim: str, c: _Checks, hint: str = "") -> None:
+    """A claim that names nothing in the workspace: an unknown artifact id, or a missing path."""
+    if UUID.match(claim):
+        c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
+                                 f"host.artifacts() lists the real ids")
+    else:
+        c.fail("claim_missing", f"{claim!r} does not exist in the workspace; claim only files "
+                                f"that exist{hint}")
+
+
 def _check_path_claim(claim: str, rel: str | None, c: _Checks) -> bool:
     """A claimed path must exist and hold bytes this session produced; True when it does."""
     view = c.view
     if rel is None:
-        if UUID.match(claim):
-            c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
-                                     f"host.artifacts() lists the real ids")
-        elif claim.startswith("/") and os.path.lexists(claim):
+        # Absolute, or leading out with "..": it may exist, but not in this workspace.
+        there = claim if claim.startswith("/") else os.path.join(view.workdir or "/", claim)
+        if view.workdir and os.path.lexists(there) and not UUID.match(claim):
             c.fail("claim_unbacked", f"{claim!r} is outside the workspace, where this session "
                                      f"produces nothing; save it into the workspace and claim "
                                      f"that")
         else:
-            c.fail("claim_missing", f"{claim!r} does not exist in the workspace; claim only "
-                                    f"files that exist")
+            _unbacked_name(claim, c)
         return False
     current = c.files.sha256(rel)
     if current is None and c.files.is_dir(rel):
@@ -548,13 +556,7 @@ def _check_path_claim(claim: str, rel: str | None, c: _Checks) -> bool:
         c.fail("claim_unbacked", f"folder {claim!r} holds no file this session produced")
         return False
     if current is None:
-        if UUID.match(claim):
-            c.fail("claim_unbacked", f"{claim} is not an artifact of this session; "
-                                     f"host.artifacts() lists the real ids")
-        else:
-            c.fail("claim_missing", f"{claim!r} does not exist in the workspace; claim only "
-                                    f"files that exist (or save it as an artifact and claim "
-                                    f"its id)")
+        _unbacked_name(claim, c, " (or save it as an artifact and claim its id)")
         return False
     written = view.written.get(rel)
     if written == current:
