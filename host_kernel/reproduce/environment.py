@@ -37,12 +37,27 @@ from typing import Any
 __all__ = ["check_overlay", "environment_digest", "interpreter_identity", "pycache_dir",
            "run_env"]
 
+#: Run once per Host process, unconfined, from the base installation alone (``-I``): it
+#: says who the interpreter is and fills the bytecode cache by running one trivial test
+#: the way a reproduction runs (the base install's plugins, the Host's reporter).
 _IDENTITY_CODE = r"""
-import json, sys, importlib.metadata as md
-import pytest, _pytest.main, _pytest.python, _pytest.runner, _pytest.terminal, unittest
-import host_kernel.reproduce.boot, host_kernel.reproduce.plugin
+import contextlib, io, json, os, sys, tempfile, importlib.metadata as md
+import pytest
+from host_kernel.reproduce import boot
+from host_kernel.reproduce.plugin import ReportPlugin
 dists = sorted({(d.metadata["Name"] or "?", d.version) for d in md.distributions()})
 eps = sorted({e.name for e in md.entry_points(group="pytest11")})
+with tempfile.TemporaryDirectory() as d:
+    for name, text in (("test_warm.py", "def test_warm():\n    assert True\n"),
+                       ("pytest.ini", "[pytest]\n"), ("report", "")):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+    args = ["-q", "-p", "no:cacheprovider", "-c", os.path.join(d, "pytest.ini"), "--rootdir", d]
+    for name in eps:
+        args += ["-p", name]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        pytest.main(args + [os.path.join(d, "test_warm.py")],
+                    plugins=[ReportPlugin(os.path.join(d, "report"))])
 print(json.dumps({"executable": sys.executable, "version": sys.version.split()[0],
                   "implementation": sys.implementation.name, "path": sys.path,
                   "distributions": dists, "pytest_plugins": eps}))
@@ -79,12 +94,12 @@ def interpreter_identity() -> dict[str, Any]:
             cache = pycache_dir()
             out = subprocess.run(
                 [sys.executable, "-I", "-X", f"pycache_prefix={cache}", "-c", _IDENTITY_CODE],
-                capture_output=True, text=True, timeout=120, env=run_env(Path("/"), Path("/")),
-                cwd="/")
+                capture_output=True, text=True, timeout=120, cwd="/",
+                env=run_env(Path(tempfile.gettempdir()), Path(tempfile.gettempdir())))
             if out.returncode != 0:
                 raise OSError(f"the interpreter {sys.executable} could not load pytest in "
                               f"isolated mode: {out.stderr.strip()[-500:]}")
-            _identity = json.loads(out.stdout)
+            _identity = json.loads(out.stdout.strip().splitlines()[-1])
         return dict(_identity)
 
 
