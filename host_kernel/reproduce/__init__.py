@@ -23,7 +23,7 @@ from .._errors import StorageError
 from ..store.blobs import FileBlobStore
 from .invocation import Invocation, InvocationRefused, parse
 from .runner import Limits, Plan, Reproducer
-from .scan import runner_hooks
+from .scan import CONFIG_FILES, runner_hooks
 from .tree import BaselineError, load_manifest, record_baseline
 
 __all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline",
@@ -122,6 +122,8 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
             findings.append((exc.code, False, f"test evidence {command!r}: {exc.message}"))
     declared: dict[str, bytes] = {}
     for rel, sha in request.sources.items():
+        if not rel.endswith(".py") and rel.rsplit("/", 1)[-1] not in CONFIG_FILES:
+            continue  # data: not read here (it may be large), only copied into the tree
         try:
             declared[rel] = blobs.read(sha)
         except StorageError:
