@@ -114,3 +114,16 @@ def test_the_tree_comes_before_the_package_overlay(tmp_path: Path) -> None:
         assert result["outcome"] == "failed", result
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"reproduce_timeout": 0}, {"reproduce_timeout": True},
+                                    {"reproduce_timeout": "60"}, {"reproduce_memory": -1},
+                                    {"reproduce_memory": 1.5}, {"reproduce_memory": False}])
+def test_bad_reproduction_limits_are_refused_when_the_host_is_made(tmp_path: Path,
+                                                                   kwargs: dict[str, object]
+                                                                   ) -> None:
+    from host_kernel import Host
+    from host_kernel._errors import BadArguments
+
+    with pytest.raises(BadArguments):
+        Host(tmp_path, mode="reusable_pipeline", **kwargs)  # type: ignore[arg-type]

@@ -157,6 +157,10 @@ class Host:
                                               isinstance(reproduce_timeout, (int, float))
                                               or reproduce_timeout <= 0):
             raise BadArguments("reproduce_timeout must be a positive number of seconds or None")
+        if reproduce_memory is not None and (isinstance(reproduce_memory, bool) or not
+                                             isinstance(reproduce_memory, int)
+                                             or reproduce_memory <= 0):
+            raise BadArguments("reproduce_memory must be a positive number of bytes or None")
         #: Bounds of each reproduction of test evidence (docs/verification.md).
         self.reproduce_limits = Limits(reproduce_timeout, reproduce_memory)
         self._reproducer: Reproducer | None = None
@@ -878,7 +882,7 @@ class Host:
             self._append("receipt_recorded", body)
             try:
                 self.lineage.receipt(cell.cell_id, body)
-            except Exception:
+            except Exception:  # noqa: BLE001 - lineage never blocks a receipt
                 pass
         finally:
             recorded.set()
@@ -909,7 +913,7 @@ class Host:
     def _lineage_for(self, cell: _RunningCell, rel: str, access: Any) -> dict[str, Any]:
         try:
             lineage = self.lineage.inputs_at_save(cell.cell_id, cell.code, rel, access, cell.io)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an artifact is saved even if lineage fails
             return {"inputs": [], "truncated": False, "error": f"{type(exc).__name__}: {exc}"}
         if self.llm is not None and lineage["inputs"]:
             lineage = confirm_with_llm(self.llm, cell.code, lineage)
