@@ -16,6 +16,7 @@ import base64
 import hashlib
 import json
 import os
+import sys
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -745,7 +746,9 @@ def test_audit_re_runs_an_accepted_submission_and_catches_an_altered_source_blob
     accepted, _, text = submit(fresh)
     assert accepted, text
     record = fresh.record_dir
-    sha = hashlib.sha256(SOURCES["pkg/core.py"].encode()).hexdigest()
+    # the test file: declared and saved, but not claimed in output, so only the
+    # reproduction reads its blob
+    sha = hashlib.sha256(SOURCES["tests/test_core.py"].encode()).hexdigest()
     fresh.close()
 
     plain = audit(record)
@@ -753,16 +756,23 @@ def test_audit_re_runs_an_accepted_submission_and_catches_an_altered_source_blob
     again = audit(record, reproduce=True)
     assert again.clean, [str(f) for f in again.findings]
     assert again.reproduced >= 1
+    cli = [sys.executable, "-m", "host_kernel", "audit", str(record), "--reproduce"]
+    ran = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "test commands re-run" in ran.stdout
 
     blob = record / "blobs" / "sha256" / sha[:2] / sha
     os.chmod(blob, 0o644)
-    blob.write_text("def add(a, b):\n    return a - b\n")
+    blob.write_text("def test_add():\n    pass\n")
     altered = audit(record, reproduce=True)
     assert not altered.clean
-    assert {f.code for f in altered.findings if f.fatal} & {"submission_unbacked",
-                                                             "reproduction_differs",
-                                                             "blob_altered", "blob_changed"}, [
-        str(f) for f in altered.findings]
+    fatal = {f.code for f in altered.findings if f.fatal}
+    # the store's own check sees the blob, and the re-run cannot rebuild the declared tree
+    assert {"blob_altered", "submission_unbacked"} <= fatal, [str(f) for f in altered.findings]
+    assert any("reproduction_error" in f.message for f in altered.findings
+               if f.code == "submission_unbacked")
+    ran = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
 
 
 # -- 11. caching -----------------------------------------------------------------------------
