@@ -127,3 +127,14 @@ def test_bad_reproduction_limits_are_refused_when_the_host_is_made(tmp_path: Pat
 
     with pytest.raises(BadArguments):
         Host(tmp_path, mode="reusable_pipeline", **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_bytecode_cache_others_may_write_is_not_used(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from host_kernel.reproduce import environment
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    mine = environment.pycache_dir()
+    assert mine.parent == tmp_path / "host_kernel" and mine.is_dir()
+    mine.chmod(0o777)  # as if planted, or left writable: bytecode from here would run
+    assert environment.pycache_dir() != mine

@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,8 @@ print(json.dumps({"executable": sys.executable, "version": sys.version.split()[0
 """
 
 _identity: dict[str, Any] | None = None
+#: A cache of this process's own, when neither usual folder can be trusted.
+_private_cache: Path | None = None
 _identity_lock = threading.Lock()
 
 
@@ -77,13 +80,22 @@ def pycache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME", "")
     root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
     tag = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode()).hexdigest()[:12]
-    folder = root / "host_kernel" / f"pycache-{tag}"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        folder = Path(tempfile.gettempdir()) / f"host_kernel-{os.getuid()}-pycache-{tag}"
-        folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
+    for folder in (root / "host_kernel" / f"pycache-{tag}",
+                   Path(tempfile.gettempdir()) / f"host_kernel-{os.getuid()}-pycache-{tag}"):
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        # Bytecode read from here runs in every reproduction: only a real folder of ours
+        # that nobody else may write will do (another user could plant one in /tmp).
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and \
+                not info.st_mode & 0o022:
+            return folder
+    global _private_cache
+    if _private_cache is None:
+        _private_cache = Path(tempfile.mkdtemp(prefix="host_kernel-pycache-"))
+    return _private_cache
 
 
 def interpreter_identity() -> dict[str, Any]:
