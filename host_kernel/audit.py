@@ -323,7 +323,9 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
 def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport,
                        reproduce_from: Path | None = None) -> None:
     sessions = {r["session"]: r for r in ledger.query("SELECT * FROM sessions")}
-    live = None if reproduce_from is None else Reproducer(blobs, hidden=[reproduce_from])
+    # As in the Host: the re-run may read neither the record nor any session's workspace.
+    hidden = [reproduce_from, *{r["workdir"] for r in sessions.values() if r["workdir"]}]
+    live = None if reproduce_from is None else Reproducer(blobs, hidden=hidden)
     try:
         for row in ledger.query("SELECT seq, session, body FROM submissions WHERE accepted = 1 "
                                 "ORDER BY seq"):

@@ -30,9 +30,9 @@ __all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_ba
            "reproduce_evidence"]
 
 #: The outcome of a run → the check code that refuses it.
-OUTCOME_CODES = {"tampered": "runner_tampered", "failed": "reproduction_failed", "no_tests": "reproduction_no_tests",
-                 "incomplete": "reproduction_incomplete", "timeout": "reproduction_timeout",
-                 "error": "reproduction_error"}
+OUTCOME_CODES = {"tampered": "runner_tampered", "failed": "reproduction_failed",
+                 "no_tests": "reproduction_no_tests", "incomplete": "reproduction_incomplete",
+                 "timeout": "reproduction_timeout", "error": "reproduction_error"}
 
 Emit = Callable[[dict[str, Any]], None]
 #: (code, ok, message) triples, turned into the verifier's Check objects by the caller.

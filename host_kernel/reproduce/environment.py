@@ -212,11 +212,11 @@ def check_overlay(overlay: Path | None, checked: HashCheckCache | None = None,
                     problems.append(f"{rel} has no hash in its RECORD, so it cannot be checked")
                 continue
             try:
-                info = os.lstat(path)
+                st = os.lstat(path)
             except OSError:
                 problems.append(f"{rel} cannot be read")
                 continue
-            key = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+            key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
             if checked is not None and checked.get((path, want[1])) == key:
                 continue
             if _file_hash(Path(path), want[0]) != want[1]:
