@@ -10,13 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import KernelManager
 
-from benchmarks.run import Plan, Result, interleaved, scratch
+from benchmarks.run import Plan, Result, env_var, interleaved, scratch
 from host_kernel.control.kernelspec import install
 
 __all__ = ["RELAY_BASELINE", "RELAY_OURS", "bench_relay_roundtrip"]
@@ -70,17 +69,8 @@ class _Frontend:
         self.km.cleanup_resources()
 
 
-@contextlib.contextmanager
-def _jupyter_path(prefix: Path) -> Iterator[None]:
-    saved = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = str(prefix / "share" / "jupyter")
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["JUPYTER_PATH"]
-        else:
-            os.environ["JUPYTER_PATH"] = saved
+def _jupyter_path(prefix: Path) -> contextlib.AbstractContextManager[None]:
+    return env_var("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
 
 
 def bench_relay_roundtrip(plan: Plan) -> Result:

@@ -337,17 +337,22 @@ def bench_start(plan: Plan) -> Result:
 
 
 @contextlib.contextmanager
-def unconfined() -> Iterator[None]:
-    """Start Hosts in this block as if Landlock were missing (the documented test switch)."""
-    saved = os.environ.get("HOST_KERNEL_FAKE_NO_LANDLOCK")
-    os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"] = "1"
+def env_var(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block, then as it was."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            del os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"]
+            del os.environ[name]
         else:
-            os.environ["HOST_KERNEL_FAKE_NO_LANDLOCK"] = saved
+            os.environ[name] = saved
+
+
+def unconfined() -> contextlib.AbstractContextManager[None]:
+    """Start Hosts in this block as if Landlock were missing (the documented test switch)."""
+    return env_var("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
 
 
 def _require_confined(host: Host) -> None:

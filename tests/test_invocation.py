@@ -117,3 +117,17 @@ def test_the_scan_names_each_way_into_the_runner() -> None:
                          "tests/test_core.py": b"from pkg.core import add\n"
                                                b"def test_add():\n    assert add(1, 2) == 3\n"},
                         {"."}) == []
+
+
+def test_every_declared_test_file_must_be_under_a_cited_path() -> None:
+    from host_kernel.reproduce import _uncited_tests
+
+    sources = {p: "0" * 64 for p in FILES | {"tests/test_trivial.py", "pkg/util_test.py"}}
+    one_file = parse("python -m pytest -q tests/test_trivial.py", ".", sources)
+    assert _uncited_tests(sources, [one_file]) == ["pkg/util_test.py", "tests/test_core.py",
+                                                   "tests/unit/test_more.py"]
+    folder = parse("python -m pytest -q tests", ".", sources)
+    assert _uncited_tests(sources, [folder]) == ["pkg/util_test.py"]
+    everything = parse("python -m pytest -q", ".", sources)
+    assert _uncited_tests(sources, [everything]) == []
+    assert _uncited_tests(sources, [folder, parse("pytest pkg", ".", sources)]) == []

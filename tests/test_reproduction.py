@@ -371,24 +371,27 @@ def test_a_copy_of_the_package_in_the_overlay_does_not_stand_in_for_the_declared
 # -- 4. tests deselected ---------------------------------------------------------------------
 
 
-def test_a_command_naming_one_declared_test_file_runs_every_test_in_it_and_no_other(
+def test_citing_only_a_trivial_test_file_leaves_the_failing_one_out_and_is_refused(
         armed_host: Host) -> None:
-    """Selection by path is the agent's to make: the Host runs every test in the cited paths
-    and records exactly which paths and how many tests, so a reviewer sees that the failing
-    file was not cited. (What the Host forbids is choosing tests *within* cited paths.)"""
+    """A trivial test file is the path-shaped way to deselect: every declared test file must
+    be under a cited path. Declaring only the trivial test (and not the failing one) leaves
+    the failing test out of the tree, and the package's tests are then what a reviewer sees."""
     files = package(BAD, **{"tests/test_trivial.py": TRIVIAL})
     put(armed_host, files)
     command = "python -m pytest -q tests/test_trivial.py"
     cell = run(armed_host, command)
     r = submit_files(armed_host, files, command, cell)
-    assert r.accepted, r
-    section = r.sections[0]
-    assert section["invocation"]["paths"] == ["tests/test_trivial.py"]
-    assert section["counts"]["collected"] == 1 and section["counts"]["passed"] == 1
-    # What the verdict says, for a reviewer: the command, and how many tests the Host ran.
-    reproduced = next(c for c in r.verdict["checks"] if c["code"] == "reproduced")
-    assert "tests/test_trivial.py" in reproduced["message"]
-    assert "(1 passed)" in reproduced["message"]
+    assert r.refused_with("selection_not_allowed"), r
+    assert "tests/test_core.py" in r.failed["selection_not_allowed"]
+    assert r.sections == []  # refused before anything ran
+
+    # Citing the folder runs the failing test too (the agent's own run fails: exit 1);
+    # with the code fixed, the folder's evidence is accepted.
+    run(armed_host, CMD, expect_exit=1)
+    put(armed_host, {"pkg/core.py": GOOD})
+    honest = submit_files(armed_host, files, CMD, run(armed_host, CMD))
+    assert honest.accepted, honest
+    assert honest.sections[0]["counts"]["passed"] == 2
 
 
 CONFIGS = [

@@ -120,6 +120,14 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
             invocations.append((command, duration, parse(command, cwd, manifest)))
         except InvocationRefused as exc:
             findings.append((exc.code, False, f"test evidence {command!r}: {exc.message}"))
+    uncovered = _uncited_tests(request.sources, [inv for _, _, inv in invocations])
+    if uncovered and len(invocations) == len(request.evidence):
+        findings.append(("selection_not_allowed", False, f"declared test files that no test "
+                                                         f"evidence command runs: "
+                                                         f"{', '.join(uncovered[:5])}; cite "
+                                                         f"paths that hold every declared test "
+                                                         f"(a trivial test file is not "
+                                                         f"evidence for the others)"))
     declared: dict[str, bytes] = {}
     for rel, sha in request.sources.items():
         if not rel.endswith(".py") and rel.rsplit("/", 1)[-1] not in CONFIG_FILES:
@@ -158,6 +166,24 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
         if emit is not None:
             emit({"stream": "stdout", "text": f"  {command}: {_summary(section)}\n"})
     return findings, sections
+
+
+def _is_test_file(rel: str) -> bool:
+    """Named as pytest and unittest find tests by default: ``test*.py``, ``*_test.py``."""
+    name = rel.rsplit("/", 1)[-1]
+    return name.endswith(".py") and (name.startswith("test") or name.endswith("_test.py"))
+
+
+def _uncited_tests(sources: Mapping[str, str], invocations: Sequence[Invocation]) -> list[str]:
+    """Declared test files under none of the commands' paths (a command without paths
+    runs its own folder). Choosing *which files* run is selection too."""
+    roots = [p for inv in invocations for p in (inv.paths or (inv.cwd,))]
+
+    def cited(rel: str) -> bool:
+        return any(root == "." or rel == root or rel.startswith(root.rstrip("/") + "/")
+                   for root in roots)
+
+    return sorted(rel for rel in sources if _is_test_file(rel) and not cited(rel))
 
 
 def _summary(section: Mapping[str, Any]) -> str:

@@ -27,7 +27,7 @@ import os
 import re
 import shlex
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 __all__ = ["Invocation", "InvocationRefused", "parse"]
@@ -90,7 +90,6 @@ class Invocation:
     paths: tuple[str, ...] = ()
     #: ``python -m`` puts the working folder first on the import path; ``pytest`` does not.
     cwd_on_path: bool = True
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
         return {"runner": self.runner, "cwd": self.cwd, "args": list(self.args),

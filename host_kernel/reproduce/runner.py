@@ -121,6 +121,7 @@ class Reproducer:
         self._own_base: Path | None = None
         self._cache: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._checked: HashCheckCache = {}
+        self._pycache: Path | None = None
         self._lock = threading.Lock()
         self._count = 0
 
@@ -137,6 +138,12 @@ class Reproducer:
             "digest": environment_digest(identity, overlay_digest),
         }
         return section, problems
+
+    def pycache(self) -> Path:
+        """The bytecode cache the runs read (chosen once, and checked then)."""
+        if self._pycache is None:
+            self._pycache = pycache_dir()
+        return self._pycache
 
     def close(self) -> None:
         if self._own_base is not None:
@@ -208,7 +215,7 @@ class Reproducer:
         return section
 
     def _argv(self, run: _Run, inv: Invocation) -> list[str]:
-        boot = [sys.executable, "-I", "-B", "-X", f"pycache_prefix={pycache_dir()}",
+        boot = [sys.executable, "-I", "-B", "-X", f"pycache_prefix={self.pycache()}",
                 "-m", "host_kernel.reproduce.boot", "--report", str(run.report),
                 "--runner", inv.runner]
         # As `python -m` with PYTHONPATH would: its own folder first, then the overlay.
@@ -251,14 +258,13 @@ class Reproducer:
         home.mkdir()
         tmp.mkdir()
         env = run_env(home, tmp)
-        cwd = run.tree / inv.cwd
-        cwd.mkdir(parents=True, exist_ok=True)  # a folder that holds no declared file
+        cwd = run.tree / inv.cwd  # parse() refused a folder that holds no declared file
         sandbox: Sandbox | None = None
         argv = run.argv
         confinement = probe(None, network=network) if self.confine else None
         if confinement is not None and confinement.active:
             policy = Policy.for_session(run.folder, tmp, self.hidden, network=network,
-                                        extra_read=[p for p in (self.overlay, pycache_dir())
+                                        extra_read=[p for p in (self.overlay, self.pycache())
                                                     if p is not None])
             confinement = probe(policy, network=network)
             if confinement.active:

@@ -92,11 +92,17 @@ class _TooLarge(ValueError):
     pass
 
 
-def _git(workspace: Path, *args: str) -> str:
+def _git_env() -> dict[str, str]:
+    """The Host's environment without GIT_* (no other repository, index or object store),
+    and replace refs ignored: HEAD is read as it is."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["GIT_NO_REPLACE_OBJECTS"] = "1"
+    return env
+
+
+def _git(workspace: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(workspace), *args], capture_output=True, text=True,
-                          check=True, env=env, timeout=60).stdout
+                          check=True, env=_git_env(), timeout=60).stdout
 
 
 def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
@@ -114,10 +120,8 @@ def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
         raise _TooLarge(f"HEAD holds {len(wanted)} files; a baseline holds at most "
                         f"{MAX_BASELINE_FILES}")
     manifest: Manifest = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env["GIT_NO_REPLACE_OBJECTS"] = "1"
     proc = subprocess.Popen(["git", "-C", str(workspace), "cat-file", "--batch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_git_env())
     assert proc.stdin is not None and proc.stdout is not None
     total = 0
     try:
