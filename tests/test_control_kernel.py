@@ -263,7 +263,10 @@ def test_an_interrupt_from_the_client_stops_a_sleeping_cell_promptly(
 
 def test_requests_queued_behind_a_failing_cell_are_aborted_as_ipykernel_does(
         kernel: RelayKernel) -> None:
-    failing = kernel.kc.execute("raise ValueError('stop here')")
+    # The failing cell runs a moment first, so the second request is queued behind it even
+    # when this process is descheduled between the two sends (ipykernel aborts what is
+    # queued when the error is handled, not what arrives later).
+    failing = kernel.kc.execute("import time\ntime.sleep(0.5)\nraise ValueError('stop here')")
     queued = kernel.kc.execute("print('must not run')")
     kernel.sent += ["failing", "queued"]
     assert kernel.reply_to(failing)["content"]["status"] == "error"

@@ -217,10 +217,15 @@ def test_a_test_path_that_was_not_declared(honest: Host) -> None:
     assert "EXIT 0" in obs.text, obs.text
     accepted, failed, text = submit(honest, test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
     assert not accepted and "test_path_undeclared" in failed, text
-    # Declared (and saved), the same evidence is reproduced and accepted.
+    # Declared (and saved), and cited beside the package's own tests, it is reproduced and
+    # accepted; cited alone, it would leave tests/test_core.py out (selection_not_allowed).
     run_ok(honest, "host.save_artifact('extra/test_more.py')")
-    accepted, failed, text = submit(honest, source_files=list(SOURCES) + ["extra/test_more.py"],
-                                    test_evidence=[{"command": command, "producing_cell_id": obs.cell_id}])
+    sources = list(SOURCES) + ["extra/test_more.py"]
+    evidence = [{"command": command, "producing_cell_id": obs.cell_id}]
+    accepted, failed, text = submit(honest, source_files=sources, test_evidence=evidence)
+    assert not accepted and "selection_not_allowed" in failed, text
+    both = evidence + [{"command": TEST_CMD, "producing_cell_id": honest._evidence_cell}]  # type: ignore[attr-defined]
+    accepted, failed, text = submit(honest, source_files=sources, test_evidence=both)
     assert accepted, text
 
 

@@ -458,9 +458,15 @@ class Relay:
         if inf is None or not inf.ended():
             return
         assert self.host is not None
+        reply = {} if inf.reply is None else inf.reply.part(3)
+        if reply.get("status") == "error" and inf.stop_on_error:
+            # Requests the frontend sent behind the failed cell may still sit unread in the
+            # socket (the loop reads the kernel's channels first): hold them now, while a cell
+            # is still in flight, so they are aborted below rather than run (as ipykernel
+            # flushes its shell stream before aborting its queue).
+            self._drain(self.f_shell, self._front_shell)
         self._inflight = None
         outputs = inf.outputs.final
-        reply = {} if inf.reply is None else inf.reply.part(3)
         status = {"ok": "ok", "aborted": "aborted"}.get(str(reply.get("status")), "error")
         if status == "ok" and any(o.get("output_type") == "error" for o in outputs):
             status = "error"
