@@ -108,6 +108,9 @@ class CommandContext:
     on_start: Callable[[Any], None] | None = None
     #: The kernel generation's sandbox: commands start confined, inside it. None: unconfined.
     sandbox: Sandbox | None = None
+    #: The generation's tracer (host/_trace.py): a command's changes are those its own
+    #: processes made, and its reads are seen. None: untraced.
+    trace: Any = None
 
 
 #: Files larger than this are left out of a receipt's workspace manifest.
@@ -267,6 +270,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     shadowed = shadowed_modules(last, last_cwd)
 
     started = time.time()
+    started_ns = time.time_ns()
     t0 = time.monotonic()
     proc: Any
     if ctx.sandbox is not None:
@@ -333,6 +337,9 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     out_sha, err_sha = out.finish(ctx.blobs), err.finish(ctx.blobs)
     after, trunc_after = snapshot(ws.root, ws.record)
     changes = _changes(ws, before, after)
+    traced: dict[str, Any] | None = None
+    if ctx.trace is not None and isinstance(proc, ConfinedProcess) and proc.pid:
+        traced, changes = _traced(ctx.trace, proc.pid, started_ns, changes)
     launch_path = ctx.launch_env.get("PATH", "")
     in_ws = any(exe is not None and ws.contains(Path(exe)) for exe in (executable, last_exe))
     return {
@@ -364,7 +371,26 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         "workspace_manifest_sha256": manifest_ref.sha256,
         "workspace_manifest_files": len(manifest),
         "shadowed_modules": shadowed,
-    } | ({"start_error": proc.error} if getattr(proc, "error", None) else {})
+    } | ({"start_error": proc.error} if getattr(proc, "error", None) else {}) | (
+        {} if traced is None else {"traced": traced})
+
+
+def _traced(trace: Any, pid: int, started_ns: int, changes: list[dict[str, Any]]
+            ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """What the tracer saw the command's own processes do, and the changes that are
+    theirs: a file changed meanwhile by someone else (the cell's code, another
+    command) is not this command's product."""
+    try:
+        seen = trace.for_command(pid, since_wall_ns=started_ns)
+    except SandboxError:
+        return None, changes
+    mine = seen.touched()
+    kept = [c for c in changes if c["path"] in mine]
+    record = seen.to_record()
+    others = [c["path"] for c in changes if c["path"] not in mine]
+    if others:
+        record["changes_by_others"] = others[:MAX_CHANGES]
+    return record, kept
 
 
 def kill_group(proc: Any) -> bool:

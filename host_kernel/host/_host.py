@@ -46,12 +46,14 @@ from .._ids import mint_cell_id, mint_token, mint_uuid
 from .._models import Artifact, Observation, Status, Verdict
 from .._paths import default_record_dir
 from .._procs import pid_alive
+from ..lineage.flow import OBSERVED, TRACED
 from ..lineage.graph import build_lineage
 from ..modes import TaskMode, resolve_task_mode
 from ..reproduce import Limits, Reproducer, record_baseline
 from ..reproduce.runner import DEFAULT_MEMORY
-from ..sandbox.client import Confinement, Sandbox, probe
+from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
 from ..sandbox.policy import Policy
+from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
@@ -60,6 +62,7 @@ from ._kernel import KernelGeneration, kernel_env
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
 from ._server import CallServer, Emit
+from ._trace import TracedAccess, TraceLog, now_ns
 from ._workspace import HashCache, Workspace
 
 __all__ = ["Host", "HostState"]
@@ -90,6 +93,9 @@ class _RunningCell:
     token: str
     code: str = ""
     io: CellIO = field(default_factory=CellIO)
+    #: When the Host sent the cell: CLOCK_MONOTONIC (the tracer's clock) and wall time.
+    start_ns: int = 0
+    start_wall_ns: int = 0
 
 
 #: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
@@ -140,6 +146,7 @@ class Host:
         hide_env: tuple[str, ...] = (),
         reproduce_timeout: float | None = None,
         reproduce_memory: int | None = DEFAULT_MEMORY,
+        trace: bool = True,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -164,6 +171,16 @@ class Host:
         #: Bounds of each reproduction of test evidence (docs/verification.md).
         self.reproduce_limits = Limits(reproduce_timeout, reproduce_memory)
         self._reproducer: Reproducer | None = None
+        if not isinstance(trace, bool):
+            raise BadArguments("trace must be True or False")
+        #: Whether to trace file access at the OS level (docs/lineage.md); False leaves
+        #: lineage to the in-kernel audit hook, and the record says so.
+        self.trace = trace
+        #: The current generation's tracer, None when untraced.
+        self._trace: TraceLog | None = None
+        #: What the record says about tracing: {"status": "seccomp"} or why not.
+        self.tracing: dict[str, Any] = {}
+        self._tracing_told = False
         #: What the record says about confinement; decided at start().
         self.confinement: Confinement | None = None
         self._policy: Policy | None = None
@@ -409,12 +426,22 @@ class Host:
         folder.mkdir()
         conn_file = folder / "kernel.json"
         sandbox = None
+        why_untraced = self._why_untraced()
         if self._policy is not None and self.confinement is not None:
             sandbox = Sandbox(self._policy.with_generation(folder, conn_file),
-                              self.confinement.abi)
+                              self.confinement.abi,
+                              trace_roots=None if why_untraced else TraceLog.roots(self.workspace))
+        self._trace = None
         self._kernel = KernelGeneration(generation, token, conn_file, self.workdir, env,
                                         self.startup_timeout, sandbox)
-        body: dict[str, Any] = {"generation": generation, "reason": reason}
+        if sandbox is not None and sandbox.traced:
+            self._trace = TraceLog(sandbox, self.workspace)
+        elif sandbox is not None and why_untraced is None:
+            why_untraced = "the sandbox's init could not trace (see its hello)"
+        self.tracing = ({"status": "seccomp"} if self._trace is not None else
+                        {"status": "audit-hook", "reason": why_untraced})
+        body: dict[str, Any] = {"generation": generation, "reason": reason,
+                                "tracing": self.tracing}
         if sandbox is not None:
             hello = self._kernel.hello
             body["confinement"] = {"status": "landlock",
@@ -430,6 +457,23 @@ class Host:
         else:
             body["confinement"] = {"status": "none"}
         self._append("generation_started", body)
+
+    def _why_untraced(self) -> str | None:
+        """Why this session's file access cannot be traced at the OS level, or None."""
+        if not self.trace:
+            return "tracing switched off (Host(trace=False))"
+        if self._policy is None or self.confinement is None or not self.confinement.active:
+            why = None if self.confinement is None else self.confinement.reason
+            return f"the tracer runs in the sandbox, and this session is unconfined ({why})"
+        return trace_unavailable()
+
+    def _tracing_notice(self) -> str | None:
+        if self.tracing.get("status") == "seccomp":
+            return None
+        return (f"lineage: file access is not traced at the OS level "
+                f"({self.tracing.get('reason')}); the kernel's own audit hook reports it, "
+                f"which misses reads made in C and by other processes, and which cell code "
+                f"can fool.")
 
     def restart(self, reason: str = "requested") -> int:
         """Start a fresh kernel: a new generation with a new token. Returns its number."""
@@ -490,8 +534,10 @@ class Host:
             cell_id = mint_cell_id()
             self._append("cell_started", {"cell_id": cell_id, "generation": kernel.generation,
                                           "code": code, "frontend_cell_id": frontend_cell_id})
+            start_ns, start_wall_ns = now_ns()
             running = self._running = _RunningCell(cell_id, kernel.generation, kernel.token,
-                                                   code)
+                                                   code, start_ns=start_ns,
+                                                   start_wall_ns=start_wall_ns)
             t0 = time.monotonic()
             try:
                 run = self._run(kernel, code, cell_id, timeout)
@@ -499,9 +545,14 @@ class Host:
                 self._running = None
             duration = time.monotonic() - t0
             notice = self._settle_commands(cell_id)
-            lineage_error = None
+            traced, trace_error = self._traced_cell(running)
+            lineage_error = trace_error
             try:  # before any restart below, which forgets every name in memory
-                self.lineage.cell_finished(cell_id, code, run.access, running.io)
+                if traced is not None:
+                    self.lineage.cell_finished(cell_id, code, traced.access(), running.io,
+                                               method=TRACED)
+                else:
+                    self.lineage.cell_finished(cell_id, code, run.access, running.io)
             except Exception as exc:  # lineage is evidence about data, never about acceptance
                 lineage_error = f"{type(exc).__name__}: {exc}"
             if run.status == "kernel_died":
@@ -533,6 +584,8 @@ class Host:
                 body["dropped_chars"] = run.dropped_chars
             if run.access is not None:
                 body["access"] = run.access
+            if traced is not None:
+                body["traced"] = traced.to_record()
             if lineage_error is not None:
                 body["lineage_error"] = lineage_error
             self._append("cell_finished", body)
@@ -541,10 +594,26 @@ class Host:
                 told = None if self.confinement is None else self.confinement.notice()
                 if told is not None:
                     notice = told if notice is None else f"{told} {notice}"
+            if not self._tracing_told:
+                self._tracing_told = True
+                told = self._tracing_notice()
+                if told is not None:
+                    notice = told if notice is None else f"{told} {notice}"
             text = self._text(cell_id, run.status, outputs, notice, run.dropped_chars)
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
+
+    def _traced_cell(self, running: _RunningCell) -> tuple[TracedAccess | None, str | None]:
+        """What the tracer saw the kernel's tree do during the cell (None: untraced)."""
+        trace = self._trace
+        if trace is None:
+            return None, None
+        try:
+            return trace.for_cell(running.start_ns, time.monotonic_ns(),
+                                  since_wall_ns=running.start_wall_ns), None
+        except SandboxError as exc:  # the generation ended (the kernel died): nothing traced
+            return None, f"trace: {exc}"
 
     def _generation_env(self, cell: _RunningCell) -> dict[str, str]:
         """The environment the Host launched this cell's kernel with: the baseline a
@@ -876,7 +945,7 @@ class Host:
         spawner = None if kernel is None else kernel.sandbox
         ctx = CommandContext(cell.cell_id, cell.generation, self.workspace, self.blobs,
                              self._generation_env(cell), self.redactor, KERNEL_SET_ENV,
-                             self._hash_cache, started, spawner)
+                             self._hash_cache, started, spawner, self._trace)
         try:
             body = self.redactor.deep(run_command(command, cwd, dict(env), timeout, ctx, emit))
             self._append("receipt_recorded", body)
@@ -906,13 +975,28 @@ class Host:
         body = {"artifact_id": mint_uuid(), "filename": name, "sha256": ref.sha256,
                 "size": ref.size, "media_type": media, "cell_id": cell.cell_id,
                 "generation": cell.generation, "source_path": rel,
-                "lineage": self._lineage_for(cell, rel, args.get("access"))}
+                "lineage": self._lineage_for(cell, rel, self._access_so_far(cell, args))}
         self._append("artifact_saved", body)
         return Artifact.from_dict(body).to_dict()
 
-    def _lineage_for(self, cell: _RunningCell, rel: str, access: Any) -> dict[str, Any]:
+    def _access_so_far(self, cell: _RunningCell, args: dict[str, Any]) -> tuple[Any, str]:
+        """The running cell's accesses up to now, and how they were found: traced by the
+        Host when it can, otherwise as the kernel's audit hook reports them."""
+        trace = self._trace
+        if trace is not None:
+            try:
+                seen = trace.for_cell(cell.start_ns, None, consume=False,
+                                      since_wall_ns=cell.start_wall_ns)
+                return seen.access(), TRACED
+            except SandboxError:
+                pass
+        return args.get("access"), OBSERVED
+
+    def _lineage_for(self, cell: _RunningCell, rel: str, access: tuple[Any, str]
+                     ) -> dict[str, Any]:
         try:
-            lineage = self.lineage.inputs_at_save(cell.cell_id, cell.code, rel, access, cell.io)
+            lineage = self.lineage.inputs_at_save(cell.cell_id, cell.code, rel, access[0],
+                                                  cell.io, method=access[1])
         except Exception as exc:  # noqa: BLE001 - an artifact is saved even if lineage fails
             return {"inputs": [], "truncated": False, "error": f"{type(exc).__name__}: {exc}"}
         if self.llm is not None and lineage["inputs"]:

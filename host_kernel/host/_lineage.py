@@ -16,15 +16,14 @@ only (docs/lineage.md), never acceptance evidence.
 
 from __future__ import annotations
 
-import ast
-import os
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..lineage.flow import OBSERVED, RECEIPT, FlowTracker, Source, file_key
+from ..lineage.flow import OBSERVED, RECEIPT, TRACED, FlowTracker, Source, file_key
+from ..lineage.statements import observe
 from ._workspace import HashCache, Workspace, cached_sha256, file_sha256
 
 __all__ = ["CellIO", "SessionLineage"]
@@ -55,9 +54,10 @@ class SessionLineage:
 
     # -- feeding
 
-    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str
-                 ) -> list[tuple[str, Source]]:
-        """(path it was read at, source) for each direct read of the cell."""
+    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str,
+                 method: str = OBSERVED) -> list[tuple[str, Source]]:
+        """(path it was read at, source) for each direct read of the cell; ``method``
+        says how the reads were found (traced by the Host, or reported by the kernel)."""
         out: list[tuple[str, Source]] = []
         for artifact_id, path, sha in io.loads:
             out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
@@ -67,9 +67,9 @@ class SessionLineage:
                 continue  # opened but gone, or a failed open
             loaded = self.materialised.get(rel)
             if loaded is not None and loaded[1] == found:
-                source = Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, found)
+                source = Source(f"artifact:{loaded[0]}", method, cell_id, found)
             else:
-                source = Source(file_key(rel), OBSERVED, cell_id, found)
+                source = Source(file_key(rel), method, cell_id, found)
             self.hashed_at.setdefault(source.identity, when)
             out.append((rel, source))
         return out
@@ -91,12 +91,13 @@ class SessionLineage:
     def new_generation(self) -> None:
         self.tracker.forget_names()
 
-    def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO) -> None:
+    def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO,
+                      method: str = OBSERVED) -> None:
         reads, writes, renames, removes = self._access(access)
         writes = list(dict.fromkeys([*writes, *io.writes, *(p for _, p, _ in io.loads)]))
         for artifact_id, path, sha in io.loads:
             self.materialised[path] = (artifact_id, sha)
-        sources = self._sources(cell_id, reads, io, "cell_end")
+        sources = self._sources(cell_id, reads, io, "cell_end", method)
         for rel in writes:
             loaded = self.materialised.get(rel)
             root = self.workspace.root
@@ -121,12 +122,18 @@ class SessionLineage:
 
     def _command_inputs(self, cell_id: str, body: dict[str, Any],
                         changed: set[str]) -> list[Source]:
+        traced = body.get("traced")
+        if isinstance(traced, dict):
+            # Every workspace file the command's processes opened, as the Host saw.
+            reads = [r for r in traced.get("reads", ()) if isinstance(r, str)]
+            return self._file_sources(cell_id, reads, changed, TRACED)
+        # Untraced: the workspace files its command line names.
         try:
             words = shlex.split(body["command"], comments=True)
         except ValueError:
             words = body["command"].split()
         cwd = Path(body["cwd"])
-        out: list[Source] = []
+        named: list[str] = []
         for word in words[:500]:
             if word.startswith("-") or "=" in word and not word.startswith(("./", "/")):
                 continue
@@ -134,23 +141,32 @@ class SessionLineage:
             if not self.workspace.contains(real) or self.workspace.in_record(real) \
                     or not real.is_file():
                 continue
-            rel = self.workspace.relative(real)
+            named.append(self.workspace.relative(real))
+        return self._file_sources(cell_id, named, changed, RECEIPT, MAX_COMMAND_INPUTS)
+
+    def _file_sources(self, cell_id: str, rels: Iterable[str], changed: set[str],
+                      method: str, limit: int | None = None) -> list[Source]:
+        out: list[Source] = []
+        root = self.workspace.root
+        for rel in dict.fromkeys(rels):
             if rel in changed:
                 continue
-            sha = file_sha256(real, root=self.workspace.root)
+            sha = cached_sha256(root, rel, self.hash_cache)
+            if sha is None:
+                continue  # gone, or not a regular file
             loaded = self.materialised.get(rel)
             key = f"artifact:{loaded[0]}" if loaded and loaded[1] == sha else file_key(rel)
-            source = Source(key, RECEIPT, cell_id, sha)
+            source = Source(key, method, cell_id, sha)
             self.hashed_at.setdefault(source.identity, "command_end")
             out.append(source)
-            if len(out) >= MAX_COMMAND_INPUTS:
+            if limit is not None and len(out) >= limit:
                 break
         return out
 
     # -- asking
 
     def inputs_at_save(self, cell_id: str, code: str, rel: str, partial_access: Any,
-                       io: CellIO) -> dict[str, Any]:
+                       io: CellIO, method: str = OBSERVED) -> dict[str, Any]:
         """The lineage record for a file saved now, from the cell that is running."""
         reads, writes, renames, removes = self._access(partial_access)
         written_now = rel in writes or rel in io.writes
@@ -158,7 +174,7 @@ class SessionLineage:
             self.materialised.setdefault(path, (artifact_id, sha))
         if written_now:
             fork = self.tracker.fork()
-            sources = self._sources(cell_id, reads, io, "save")
+            sources = self._sources(cell_id, reads, io, "save", method)
             observe(fork, cell_id, code, sources, list(dict.fromkeys([*writes, *io.writes])),
                     renames, removes)
             found: Sequence[Source] = fork.inputs_for_file(rel)
@@ -186,107 +202,6 @@ class SessionLineage:
             item.update(receipt_id=rest, command=body.get("command"),
                         exit_status=body.get("exit_status"))
         return item
-
-
-def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
-            writes: list[str], renames: list[tuple[str, str]], removes: list[str]) -> None:
-    """Feed one cell to the tracker, statement by statement where the code says which.
-
-    The tracker's unit is a cell: every name a cell binds gets every read of the
-    cell. When each file the cell wrote is named by a string literal in its
-    top-level statements, the cell is fed as one pseudo-cell per statement, each
-    with the reads whose path a literal in it names (reads named nowhere go to
-    every statement), so a decoy opened beside the real input in the same cell
-    stays out. Otherwise (dynamic paths, magics, one statement) the cell is fed
-    whole, the documented over-approximation.
-    """
-    split = _statements(code, [p for p, _ in sources], writes)
-    if split is None:
-        tracker.observe_cell(cell_id, code, [s for _, s in sources], writes,
-                             renames=renames, removes=removes)
-        return
-    parts, write_owner = split
-    last = len(parts) - 1
-    for i, (segment, reads_here) in enumerate(parts):
-        tracker.observe_cell(
-            cell_id, segment, [s for (p, s) in sources if p in reads_here],
-            [w for w in writes if write_owner[w] == i],
-            renames=renames if i == last else (), removes=removes if i == last else ())
-
-
-#: host calls whose path argument names a file without reading or writing its bytes here.
-_NOT_IO = frozenset({"save_artifact", "lineage", "artifacts"})
-
-
-def _call_literals(node: ast.AST) -> set[str]:
-    """String literals given (directly or inside an expression) as arguments of a call.
-
-    ``open('a.csv')``, ``pd.read_csv('a.csv')``, ``Path('data') / 'a.csv'`` name files;
-    ``p = 'a.csv'`` on its own does not say where the file is used, so it does not count.
-    """
-    found: set[str] = set()
-    for call in ast.walk(node):
-        if not isinstance(call, ast.Call):
-            continue
-        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
-            call.func, "id", None)
-        if name in _NOT_IO:
-            continue
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            for c in ast.walk(arg):
-                if isinstance(c, ast.Constant) and isinstance(c.value, str) \
-                        and 0 < len(c.value) < 4096 and "\x00" not in c.value:
-                    found.add(os.path.normpath(c.value))
-    if isinstance(node, (ast.With, ast.AsyncWith)):
-        for item in node.items:
-            found |= _call_literals(item.context_expr)
-    return found
-
-
-def _statements(code: str, read_paths: list[str], writes: list[str]
-                ) -> tuple[list[tuple[str, set[str]]], dict[str, int]] | None:
-    """Top-level statements with the reads each may have made, and each write's statement."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-    if len(tree.body) < 2 or not (read_paths or writes):
-        return None
-    lines = code.splitlines(keepends=True)
-    segments: list[str] = []
-    literals: list[set[str]] = []
-    for node in tree.body:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        segments.append("".join(lines[start - 1:node.end_lineno]))
-        literals.append(_call_literals(node))
-
-    named = [i for i, lits in enumerate(literals) if lits]
-
-    def owners(path: str) -> list[int]:
-        exact = [i for i in named if path in literals[i]]
-        if exact:
-            return exact
-        base = path.rpartition("/")[2]
-        return [i for i in named if base in literals[i]]
-
-    write_owner: dict[str, int] = {}
-    for w in writes:
-        found = owners(w)
-        if not found:
-            return None  # a file written through a path we cannot see: feed the cell whole
-        write_owner[w] = found[-1]
-    reads_of: list[set[str]] = [set() for _ in segments]
-    everywhere: set[str] = set()
-    for p in read_paths:
-        found = owners(p)
-        if not found:
-            everywhere.add(p)
-        for i in found:
-            reads_of[i].add(p)
-    if read_paths and len(everywhere) == len(read_paths) and not writes:
-        return None  # no statement names a read: splitting would change nothing
-    parts = [(segment, everywhere | reads_of[i]) for i, segment in enumerate(segments)]
-    return parts, write_owner
 
 
 def confirm_with_llm(llm: Any, code: str, lineage: dict[str, Any]) -> dict[str, Any]:

@@ -63,13 +63,17 @@ from dataclasses import dataclass, replace
 
 from .defuse import BUILTIN_NAMES, CellNames, cell_names
 
-__all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "FlowTracker", "Source", "file_key"]
+__all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "TRACED", "FlowTracker", "Source",
+           "file_key"]
 
+#: Read by the cell itself, as the Host's OS-level tracer saw (host_kernel/sandbox/trace.py).
+TRACED = "traced"
+#: Read by the cell itself, as the kernel's audit hook reported (untraced sessions).
 OBSERVED = "observed"
 DEF_USE = "def-use"
 RECEIPT = "receipt"
 #: how an input was found
-METHODS = frozenset({OBSERVED, DEF_USE, RECEIPT})
+METHODS = frozenset({TRACED, OBSERVED, DEF_USE, RECEIPT})
 
 _DEFAULT_MAX_SOURCES = 1_000
 
@@ -81,7 +85,7 @@ class Source:
     """One candidate input: a file, an artifact or a receipt, and how it was found."""
 
     key: str  # "file:<relpath>", "artifact:<uuid>" or "receipt:<id>"
-    method: str  # "observed" | "def-use" | "receipt"
+    method: str  # "traced" | "observed" | "def-use" | "receipt"
     via_cell: str  # the cell where it was read or produced
     sha256: str | None = None  # hash at read time, when known
 

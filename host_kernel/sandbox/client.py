@@ -221,14 +221,24 @@ class Sandbox:
     """
 
     def __init__(self, policy: Policy, abi: int, *, namespaces: bool = True,
-                 memory: int | None = None) -> None:
-        """``memory``: an address-space limit (bytes) for every process of the sandbox."""
+                 memory: int | None = None, trace_roots: Sequence[str] | None = None) -> None:
+        """``memory``: an address-space limit (bytes) for every process of the sandbox.
+        ``trace_roots``: trace file access under these folders (host_kernel/sandbox/trace.py)."""
         self.policy = policy
         self.abi = abi
         self._host_end, self._init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._host_end.send(marshal.dumps({"abi": abi, "namespaces": namespaces,
-                                           "network": policy.network, "memory": memory,
-                                           "rules": ruleset_spec(policy)}))
+        setup = {"abi": abi, "namespaces": namespaces, "network": policy.network,
+                 "memory": memory, "rules": ruleset_spec(policy)}
+        #: The Host's end of the socket init sends traced accesses on (None: untraced).
+        self._trace: socket.socket | None = None
+        self._trace_lock = threading.Lock()
+        if trace_roots is not None:
+            self._trace, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            setup["trace_roots"] = list(trace_roots)
+            socket.send_fds(self._host_end, [marshal.dumps(setup)], [theirs.fileno()])
+            theirs.close()
+        else:
+            self._host_end.send(marshal.dumps(setup))
         self.hello: dict[str, Any] = {}
         #: A process init forked and confined ahead of time: (pid, orders, status) sockets.
         self._offered: tuple[int, socket.socket, socket.socket] | None = None
@@ -257,6 +267,38 @@ class Sandbox:
         self._host_end.settimeout(None)
         self.hello = marshal.loads(data)
         return self.hello
+
+    @property
+    def traced(self) -> bool:
+        """Whether init traces this sandbox's processes (known once :meth:`started`)."""
+        return self._trace is not None and bool(self.hello.get("traced"))
+
+    def collect_trace(self) -> tuple[list[tuple[Any, ...]], int, str | None]:
+        """What init traced since the last collection: ``(accesses, dropped, error)``.
+
+        Each access is ``(t_ns, source, kind, path[, path2])`` (trace.py); ``error``
+        says why some process went untraced. Raises SandboxError when init is gone.
+        """
+        if self._trace is None:
+            return [], 0, None
+        with self._trace_lock:
+            try:
+                self._trace.settimeout(REPLY_TIMEOUT)
+                self._trace.send(b"collect")
+                head = marshal.loads(self._trace.recv(4096))
+                size = int(head["size"])
+                parts = []
+                got = 0
+                while got < size:
+                    part = self._trace.recv(1 << 17)
+                    if not part:
+                        raise OSError("init closed the trace socket")
+                    parts.append(part)
+                    got += len(part)
+            except (OSError, EOFError, ValueError, KeyError) as exc:
+                raise SandboxError(f"the tracer stopped answering: {exc}") from exc
+        accesses: list[tuple[Any, ...]] = marshal.loads(b"".join(parts)) if size else []
+        return accesses, int(head.get("dropped", 0)), head.get("error")
 
     def _take_offer(self) -> tuple[int, socket.socket, socket.socket] | None:
         """The waiting process init offered last, if its offer has arrived (no waiting)."""
@@ -330,6 +372,8 @@ class Sandbox:
         except OSError:
             pass
         self._host_end.close()
+        if self._trace is not None:
+            self._trace.close()
         with self._offer_lock:
             if self._offered is not None:
                 self._offered[1].close()

@@ -119,11 +119,12 @@ def _socket_send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
 
 
 def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
-                ruleset_fd: int, new_session: bool) -> None:
+                ruleset_fd: int, new_session: bool, handoff: Any) -> None:
     """In a child forked on demand (the kernel, or a command when none was waiting):
     confine, then exec. Never returns."""
     try:
         _confine_self(ruleset_fd, new_session)
+        _trace_self(handoff)
         _exec_orders({"argv": argv, "cwd": cwd, "env": env}, fds)
     except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
         _cannot_start(argv, exc)
@@ -166,7 +167,27 @@ def _confine_self(ruleset_fd: int, new_session: bool) -> None:
         restrict_self(ruleset_fd)
 
 
-def _await_orders(orders: Any, ruleset_fd: int) -> None:
+def _trace_self(handoff: Any) -> None:
+    """Install the tracing filter and hand its listener to init (docs/lineage.md).
+
+    Nothing the filter watches may be called between the two: until init holds the
+    listener, such a call would wait for an answer nobody gives. If the filter cannot
+    be installed, say why instead; the process then runs untraced and the record says so.
+    """
+    if handoff is None:
+        return
+    from .trace import install_filter
+    try:
+        listener = install_filter()
+    except OSError as exc:
+        handoff.send(marshal.dumps({"error": f"seccomp filter refused: {exc}"}))
+    else:
+        _socket_send_fds(handoff, marshal.dumps({"listener": True}), [listener])
+        os.close(listener)
+    handoff.close()
+
+
+def _await_orders(orders: Any, ruleset_fd: int, handoff: Any) -> None:
     """A command's process forked ahead of time: confine now, wait, then exec. Never returns.
 
     Forking and confining while init is idle takes the fork, Python's after-fork work
@@ -176,6 +197,7 @@ def _await_orders(orders: Any, ruleset_fd: int) -> None:
     argv: list[str] = ["?"]
     try:
         _confine_self(ruleset_fd, new_session=True)
+        _trace_self(handoff)
         keep = orders.fileno()
         os.closerange(3, keep)
         os.closerange(keep + 1, 1 << 20)
@@ -192,9 +214,17 @@ def _await_orders(orders: Any, ruleset_fd: int) -> None:
 class _Spawner:
     """The request loop: start confined commands, signal them, report their exits."""
 
-    def __init__(self, ctl: Any, ruleset_fd: int) -> None:
+    def __init__(self, ctl: Any, ruleset_fd: int, supervisor: Any = None,
+                 trace: Any = None) -> None:
         self.ctl = ctl
         self.ruleset_fd = ruleset_fd
+        #: The tracing supervisor (host_kernel/sandbox/trace.py) and the socket the Host
+        #: collects its accesses on; both None when the session is not traced.
+        self.supervisor = supervisor
+        self.trace = trace
+        #: Why some process could not be traced (sent with every collection).
+        self.trace_error: str | None = None
+        self._poll = select.poll()
         #: pid → the command's status socket (the Host reads its pid, then its exit).
         self.children: dict[int, Any] = {}
         self.main_pid = -1
@@ -211,10 +241,12 @@ class _Spawner:
         """
         orders_init, orders_child = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         status_init, status_host = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        mine, theirs = self._handoff()
         pid = os.fork()
         if pid == 0:
-            _await_orders(orders_child, self.ruleset_fd)  # closes every other descriptor
+            _await_orders(orders_child, self.ruleset_fd, theirs)  # closes every other descriptor
         orders_child.close()
+        self._watch(pid, mine, theirs)
         self.children[pid] = status_init
         self.offered = pid
         try:
@@ -227,11 +259,38 @@ class _Spawner:
             status_host.close()
 
     def spawn(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
-              new_session: bool) -> int:
+              new_session: bool, source: int | None = None) -> int:
+        """Fork, confine and exec; ``source`` names the tracing listener (default: the pid)."""
+        mine, theirs = self._handoff()
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, cwd, env, fds, self.ruleset_fd, new_session)
+            _exec_child(argv, cwd, env, fds, self.ruleset_fd, new_session, theirs)
+        self._watch(pid if source is None else source, mine, theirs)
         return pid
+
+    def _handoff(self) -> tuple[Any, Any]:
+        if self.supervisor is None:
+            return None, None
+        return _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+
+    def _watch(self, source: int, mine: Any, theirs: Any) -> None:
+        """Take the listener the child just installed and serve it from now on."""
+        if mine is None:
+            return
+        theirs.close()
+        try:
+            data, fds = recv_with_fds(mine, 4096, 1)
+            message = marshal.loads(data) if data else {"error": "the child died before "
+                                                                 "it was traced"}
+        except (OSError, ValueError, EOFError) as exc:
+            message, fds = {"error": f"no listener from the child: {exc}"}, []
+        finally:
+            mine.close()
+        if fds:
+            self.supervisor.add(fds[0], source)
+            self._poll.register(fds[0], select.POLLIN)
+        elif self.trace_error is None:
+            self.trace_error = str(message.get("error"))
 
     def serve(self, kernel_argv: list[str]) -> int:
         wake_r, wake_w = os.pipe()
@@ -241,21 +300,39 @@ class _Spawner:
         _signal.signal(_signal.SIGCHLD, lambda *_: None)
         me = str(os.getpid())
         kernel_argv = [a.replace(SPAWNER_PID, me) for a in kernel_argv]
-        self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
-                                   new_session=False)
-        self.offer()
         ctl_fd = self.ctl.fileno()
+        trace_fd = -1 if self.trace is None else self.trace.fileno()
+        for fd in (ctl_fd, wake_r, trace_fd):
+            if fd >= 0:
+                self._poll.register(fd, select.POLLIN)
+        self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
+                                   new_session=False, source=0)
+        self.offer()
+        listeners = {} if self.supervisor is None else self.supervisor.sources
         while True:
             # When the offered process has been used and has exited, offer the next when
             # init is idle (not while a command starts and runs on the same CPUs).
-            idle = None if self.offered is not None else _PREPARE_WHEN_IDLE
+            idle = None if self.offered is not None else int(_PREPARE_WHEN_IDLE * 1000)
             try:
-                ready, _, _ = select.select([ctl_fd, wake_r], [], [], idle)
+                events = self._poll.poll(idle)
             except InterruptedError:
                 continue
-            if not ready:
+            if not events:
                 self.offer()
                 continue
+            ready = set()
+            for fd, mask in events:
+                if fd in listeners:
+                    # Calls waiting first: a traced process is stopped until answered.
+                    if not (mask & select.POLLIN and self.supervisor.serve(fd)):
+                        self._poll.unregister(fd)
+                        self.supervisor.remove(fd)
+                else:
+                    ready.add(fd)
+            if trace_fd in ready and not self._collect():
+                self.trace = None
+                self._poll.unregister(trace_fd)
+                trace_fd = -1
             if wake_r in ready:
                 try:
                     os.read(wake_r, 4096)
@@ -287,6 +364,22 @@ class _Spawner:
                 # Used and done (or dead unused): offer the next while the Host records it.
                 self.offered = None
                 self.offer()
+
+    def _collect(self) -> bool:
+        """The Host asked for what was traced since its last ask: send it, in pieces."""
+        try:
+            if not self.trace.recv(64):
+                return False
+            accesses, dropped = self.supervisor.take()
+            data = marshal.dumps(accesses)
+            piece = 1 << 16
+            self.trace.send(marshal.dumps({"size": len(data), "dropped": dropped,
+                                           "error": self.trace_error}))
+            for i in range(0, len(data), piece):
+                self.trace.send(data[i:i + piece])
+        except OSError:
+            return False
+        return True
 
     def _request(self) -> bool:
         try:
@@ -372,7 +465,8 @@ def main(argv: list[str]) -> int:
     kernel_argv = argv[3:]
     # Interrupts are for the kernel: jupyter_client signals the whole process group.
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
-    setup = marshal.loads(ctl.recv(_MAX_MSG))
+    data, setup_fds = recv_with_fds(ctl, _MAX_MSG, 1)
+    setup = marshal.loads(data)
     reason = None
     namespaces = False
     if setup.get("namespaces", True):
@@ -398,8 +492,18 @@ def main(argv: list[str]) -> int:
         # Every process of the sandbox inherits it (a reproduction's bound; docs/verification.md).
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
-    _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason})
-    return _exit_code(_Spawner(ctl, ruleset_fd).serve(kernel_argv))
+    supervisor = trace = None
+    roots = setup.get("trace_roots")
+    if roots is not None and setup_fds:
+        from .trace import Supervisor
+        supervisor = Supervisor(list(roots))
+        trace = _socket.socket(fileno=setup_fds[0])
+    else:
+        for fd in setup_fds:
+            os.close(fd)
+    _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason,
+                "traced": supervisor is not None})
+    return _exit_code(_Spawner(ctl, ruleset_fd, supervisor, trace).serve(kernel_argv))
 
 
 if __name__ == "__main__":

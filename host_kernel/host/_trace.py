@@ -1,0 +1,216 @@
+"""The Host's side of OS-level tracing: who touched which workspace file, and when.
+
+Owns :class:`TraceLog`, one per kernel generation: it collects the accesses
+the sandbox's init traced (host_kernel/sandbox/trace.py), maps each path into
+the workspace, and hands them out by owner: a cell takes the kernel tree's
+accesses stamped between its start and its end (those stamped before its start
+happened between cells and are kept apart as such), a ``host.bash`` command
+takes those of its own process tree. :class:`TracedAccess` is what one owner
+did, in the shape the lineage tracker reads (``reads``, ``writes``,
+``renames``, ``removes``).
+
+It decides nothing about trust or acceptance; it is lineage evidence made on
+the trusted side (docs/lineage.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sandbox.client import Sandbox
+from ..sandbox.trace import EXEC, LINK, READ, READ_WRITE, REMOVE, RENAME, WRITE
+from ._workspace import Workspace
+
+__all__ = ["KERNEL", "TraceLog", "TracedAccess"]
+
+#: The source of the kernel's own process tree (cells, their subprocesses and workers).
+KERNEL = 0
+#: Most accesses held waiting for their owner; beyond it the oldest are dropped and counted.
+MAX_PENDING = 2_000_000
+#: Most paths of each kind kept in one owner's record entry.
+MAX_LISTED = 10_000
+#: A file opened for reading and writing counts as written when its modification time is
+#: no earlier than this before the owner started (file systems stamp with a coarse clock).
+_MTIME_SLACK_NS = 20_000_000
+
+
+@dataclass
+class TracedAccess:
+    """What one owner (a cell, or a command) was seen to do to workspace files."""
+
+    reads: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    renames: list[tuple[str, str]] = field(default_factory=list)
+    removes: list[str] = field(default_factory=list)
+    #: Accesses of the kernel's tree between the previous cell's end and this one's start.
+    between: list[str] = field(default_factory=list)
+    dropped: int = 0
+
+    def access(self) -> dict[str, Any]:
+        """The shape the lineage tracker reads (host/_lineage.py)."""
+        return {"reads": self.reads, "writes": self.writes,
+                "renames": [list(r) for r in self.renames], "removes": self.removes}
+
+    def touched(self) -> set[str]:
+        """Every path this owner wrote, removed, or renamed from or to."""
+        out = set(self.writes) | set(self.removes)
+        for a, b in self.renames:
+            out.add(a)
+            out.add(b)
+        return out
+
+    def to_record(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        for key in ("reads", "writes", "removes", "between"):
+            values = getattr(self, key)
+            if values:
+                body[key] = values[:MAX_LISTED]
+                if len(values) > MAX_LISTED:
+                    body[f"{key}_truncated"] = len(values)
+        if self.renames:
+            body["renames"] = [list(r) for r in self.renames[:MAX_LISTED]]
+        if self.dropped:
+            body["dropped"] = self.dropped
+        return body
+
+
+class TraceLog:
+    """The accesses init traced for one generation, waiting for their owners."""
+
+    def __init__(self, sandbox: Sandbox, workspace: Workspace) -> None:
+        self.sandbox = sandbox
+        self.workspace = workspace
+        root = str(workspace.root)
+        self._roots = sorted({root, os.path.realpath(root)}, key=len, reverse=True)
+        self._pending: list[tuple[Any, ...]] = []
+        self._lock = threading.Lock()
+        self.dropped = 0
+        #: Why some process of the generation went untraced (init says), if it did.
+        self.error: str | None = None
+
+    @staticmethod
+    def roots(workspace: Workspace) -> list[str]:
+        """The folders init keeps accesses under: the workspace, as given and resolved."""
+        root = str(workspace.root)
+        return sorted({root, os.path.realpath(root)})
+
+    def _pull(self) -> None:
+        accesses, dropped, error = self.sandbox.collect_trace()
+        self.dropped += dropped
+        if error and self.error is None:
+            self.error = error
+        self._pending.extend(accesses)
+        if len(self._pending) > MAX_PENDING:
+            cut = len(self._pending) - MAX_PENDING
+            self.dropped += cut
+            del self._pending[:cut]
+
+    def for_cell(self, start_ns: int, end_ns: int | None = None, *,
+                 consume: bool = True, since_wall_ns: int | None = None) -> TracedAccess:
+        """The kernel tree's accesses up to ``end_ns`` (now when None); those before
+        ``start_ns`` are reported as ``between``. ``consume=False`` leaves them for the
+        cell's own end (a ``save_artifact`` in the middle of the cell)."""
+        with self._lock:
+            self._pull()
+            mine = [a for a in self._pending if a[1] == KERNEL and (end_ns is None
+                                                                    or a[0] <= end_ns)]
+            if consume:
+                taken = {id(a) for a in mine}
+                self._pending = [a for a in self._pending if id(a) not in taken]
+            dropped = self.dropped
+            if consume:
+                self.dropped = 0
+        before = [a for a in mine if a[0] < start_ns]
+        during = [a for a in mine if a[0] >= start_ns]
+        out = self._shape(during, since_wall_ns)
+        out.between = list(dict.fromkeys(
+            rel for a in before for rel in map(self._relative, a[3:]) if rel is not None))
+        out.dropped = dropped
+        return out
+
+    def for_command(self, pid: int, since_wall_ns: int | None = None) -> TracedAccess:
+        """The accesses of the command whose process is ``pid`` (in the sandbox), taken."""
+        with self._lock:
+            self._pull()
+            mine = [a for a in self._pending if a[1] == pid]
+            self._pending = [a for a in self._pending if a[1] != pid]
+        return self._shape(mine, since_wall_ns)
+
+    def _relative(self, path: str) -> str | None:
+        for root in self._roots:
+            if path.startswith(root) and path[len(root):len(root) + 1] == "/":
+                rel = path[len(root) + 1:]
+                if not rel or self.workspace.in_record(self.workspace.root / rel):
+                    return None
+                return _source_of_bytecode(rel)
+        return None
+
+    def _shape(self, accesses: list[tuple[Any, ...]], since_wall_ns: int | None) -> TracedAccess:
+        reads: dict[str, None] = {}
+        writes: dict[str, None] = {}
+        removes: dict[str, None] = {}
+        renames: list[tuple[str, str]] = []
+        maybe_written: dict[str, None] = {}
+        for access in sorted(accesses, key=lambda a: a[0]):
+            kind = access[2]
+            rel = self._relative(access[3])
+            if kind in (READ, EXEC, READ_WRITE):
+                if rel is not None:
+                    reads[rel] = None
+                    if kind == READ_WRITE:
+                        maybe_written[rel] = None
+            elif kind == WRITE:
+                if rel is not None and not _bytecode(access[3]):
+                    writes[rel] = None
+            elif kind == REMOVE:
+                if rel is not None:
+                    removes[rel] = None
+            elif kind in (RENAME, LINK):
+                dst = self._relative(access[4])
+                if kind == LINK:
+                    if rel is not None:
+                        reads[rel] = None
+                    if dst is not None:
+                        writes[dst] = None
+                elif rel is not None and dst is not None:
+                    renames.append((rel, dst))
+                elif dst is not None:
+                    writes[dst] = None  # moved in from outside the workspace
+                elif rel is not None:
+                    removes[rel] = None  # moved out of it
+        for rel in maybe_written:
+            if rel not in writes and self._changed_since(rel, since_wall_ns):
+                writes[rel] = None
+        return TracedAccess(list(reads), list(writes), renames, list(removes))
+
+    def _changed_since(self, rel: str, since_wall_ns: int | None) -> bool:
+        if since_wall_ns is None:
+            return False
+        try:
+            st = os.stat(self.workspace.root / rel, follow_symlinks=False)
+        except OSError:
+            return False
+        return st.st_mtime_ns >= since_wall_ns - _MTIME_SLACK_NS
+
+
+def _bytecode(path: str) -> bool:
+    return "/__pycache__/" in path
+
+
+def _source_of_bytecode(rel: str) -> str:
+    """``pkg/__pycache__/mod.cpython-311.pyc`` → ``pkg/mod.py``: importing a module whose
+    bytecode is cached reads only the cache, but the bytes that flowed are the source's."""
+    head, sep, name = rel.rpartition("__pycache__/")
+    if not sep or not name.endswith(".pyc"):
+        return rel
+    stem = name[:-4].split(".", 1)[0]
+    return f"{head}{stem}.py"
+
+
+def now_ns() -> tuple[int, int]:
+    """(monotonic, wall) nanoseconds: a cell's start as the tracer and the file system see it."""
+    return time.monotonic_ns(), time.time_ns()

@@ -1,0 +1,357 @@
+"""File access observed at the OS level: a seccomp filter and its supervisor.
+
+Owns the two halves of tracing, both below the kernel's reach:
+
+* :func:`install_filter`, run by each confined child between Landlock and
+  ``execve`` (host_kernel/sandbox/init.py): a seccomp-BPF filter that hands
+  the file system calls that move bytes (``open``, ``openat``, ``openat2``,
+  ``creat``, ``execve``, ``execveat``, ``rename*``, ``link*``, ``unlink*``,
+  ``truncate``) to a *user-space supervisor* and lets every other call run at
+  full speed. It returns the filter's listener descriptor, which the child
+  passes to init before it execs. The filter is inherited by every thread and
+  process the child starts (multiprocessing workers, ``subprocess``, a shell's
+  pipeline) and can never be removed. ``io_uring_setup`` (which could open
+  files without a system call) fails with ``ENOSYS``; a system call made
+  through another architecture's entry (``int 0x80``, x32) fails likewise.
+* :class:`Supervisor`, run inside init (trusted, outside the Landlock domain):
+  reads each notification, reads the path from the caller's memory through
+  ``/proc/PID/mem``, resolves a relative path against the caller's working
+  folder (or the ``dirfd`` it passed) *while the caller is stopped in the
+  call*, keeps the access when it falls under one of the session's roots, and
+  lets the call continue. Each access is stamped with ``CLOCK_MONOTONIC`` when
+  it is seen; since the caller waits until then, an access made by a cell is
+  always stamped before that cell's reply reaches the Host.
+
+Why seccomp user notification rather than ptrace or fanotify (measured,
+docs/lineage.md): a notification costs one ``ioctl`` to receive and one to
+answer, with no ``waitpid``/register traffic and no second stop at the
+call's exit; children are covered by inheritance, with no attach race; and if
+the supervisor dies every traced call fails (``ENOSYS``) instead of running
+unseen. Unprivileged fanotify hides the pid of the process that made an
+access, so it cannot tell the kernel from a ``host.bash`` command.
+
+A notification's arguments are read while the caller waits, but another
+thread of the caller could rewrite the path between that read and the
+kernel's own (seccomp_unotify(2)): the observation is then the path shown,
+not the path opened. docs/lineage.md lists this among the limits.
+
+Kept import-light (it is on init's path): ``ctypes``, ``fcntl``, ``struct``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import platform
+import struct
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["Supervisor", "install_filter", "unavailable"]
+
+# Access kinds, as recorded: (t_ns, source, kind, path[, path2]).
+READ, WRITE, READ_WRITE, EXEC, RENAME, LINK, REMOVE = "r", "w", "rw", "x", "mv", "ln", "rm"
+
+_SECCOMP_SET_MODE_FILTER = 1
+_FLAG_NEW_LISTENER = 1 << 3
+_RET_ALLOW = 0x7FFF0000
+_RET_USER_NOTIF = 0x7FC00000
+_RET_ERRNO = 0x00050000
+_PR_SET_NO_NEW_PRIVS = 38
+_USER_NOTIF_FLAG_CONTINUE = 1
+# _IOWR('!', 0, struct seccomp_notif) and friends (uapi/linux/seccomp.h).
+_NOTIF_RECV = 0xC0502100
+_NOTIF_SEND = 0xC0182101
+_NOTIF_ID_VALID = 0x40082102
+_NOTIF_SET_FLAGS = 0x40082104
+#: Linux 6.6+: wake the supervisor, and then the caller, on the waking CPU (no cross-CPU
+#: wake-up per call; measured in docs/lineage.md).
+_FD_SYNC_WAKE_UP = 1
+_NOTIF_SIZE = 80
+_ZEROS = bytes(_NOTIF_SIZE)
+_AT_FDCWD = -100
+_AT_REMOVEDIR = 0x200
+_O_ACCMODE, _O_WRONLY, _O_RDWR, _O_CREAT, _O_TRUNC = 3, 1, 2, 0o100, 0o1000
+
+# (audit arch, seccomp syscall number, {name: number}) per machine.
+_X86_64 = (0xC000003E, 317, {
+    "open": 2, "creat": 85, "openat": 257, "openat2": 437, "execve": 59, "execveat": 322,
+    "rename": 82, "renameat": 264, "renameat2": 316, "link": 86, "linkat": 265,
+    "unlink": 87, "unlinkat": 263, "rmdir": 84, "truncate": 76, "chdir": 80, "fchdir": 81,
+    "io_uring_setup": 425, "open_by_handle_at": 304})
+_AARCH64 = (0xC00000B7, 277, {
+    "openat": 56, "openat2": 437, "execve": 221, "execveat": 281, "renameat": 38,
+    "renameat2": 276, "linkat": 37, "unlinkat": 35, "truncate": 45, "chdir": 49,
+    "fchdir": 50, "io_uring_setup": 425, "open_by_handle_at": 265})
+_ARCH = {"x86_64": _X86_64, "aarch64": _AARCH64}.get(platform.machine())
+#: Calls that would open files unseen: refused (ENOSYS, as if the kernel lacked them).
+_REFUSED = ("io_uring_setup", "open_by_handle_at")
+
+
+def unavailable() -> str | None:
+    """Why tracing cannot work here, or None when it can."""
+    if os.environ.get("HOST_KERNEL_FAKE_NO_TRACE") == "1":
+        return "tracing switched off by HOST_KERNEL_FAKE_NO_TRACE=1 (a test switch)"
+    if _ARCH is None:
+        return f"OS-level tracing knows x86_64 and aarch64 only; this is {platform.machine()}"
+    try:
+        with open("/proc/sys/kernel/seccomp/actions_avail") as fh:
+            actions = fh.read().split()
+    except OSError as exc:
+        return f"this kernel has no seccomp ({exc})"
+    if "user_notif" not in actions:
+        return f"this Linux kernel ({os.uname().release}) lacks seccomp user notification"
+    return None
+
+
+def _program() -> bytes:
+    """The BPF filter: other architectures and x32 refused, file calls notified."""
+    assert _ARCH is not None
+    audit_arch, _, numbers = _ARCH
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    notify = [n for name, n in numbers.items() if name not in _REFUSED]
+    refused = [numbers[name] for name in _REFUSED]
+    enosys = _RET_ERRNO | errno.ENOSYS
+    prog: list[tuple[int, int, int, int]] = [
+        (ld, 0, 0, 4),                    # arch
+        (jeq, 1, 0, audit_arch),
+        (ret, 0, 0, enosys),
+        (ld, 0, 0, 0),                    # nr
+    ]
+    if audit_arch == _X86_64[0]:
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, enosys)]  # the x32 ABI
+    # Each test jumps to the matching return at the end: notified calls to the
+    # second to last instruction, refused ones to the third, others fall through.
+    tests = notify + refused
+    for i, nr in enumerate(tests):
+        left = len(tests) - i - 1  # tests after this one
+        if nr in refused:
+            prog.append((jeq, left + 2, 0, nr))
+        else:
+            prog.append((jeq, left + 1, 0, nr))
+    prog += [(ret, 0, 0, _RET_ALLOW), (ret, 0, 0, _RET_USER_NOTIF), (ret, 0, 0, enosys)]
+    return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def install_filter() -> int:
+    """Install the filter on the calling (single-threaded) process; return its listener."""
+    if _ARCH is None:
+        raise OSError(errno.ENOSYS, "no seccomp numbers for this machine")
+    code = _program()
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = struct.pack("<HxxxxxxQ", len(code) // 8, ctypes.addressof(buf))
+    fprog = ctypes.create_string_buffer(prog, len(prog))
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    fd = _libc.syscall(_ARCH[1], _SECCOMP_SET_MODE_FILTER, _FLAG_NEW_LISTENER, fprog)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"seccomp: {os.strerror(err)}")
+    return int(fd)
+
+
+class Supervisor:
+    """Serves the listeners of one sandbox and keeps what they saw under ``roots``.
+
+    ``accesses`` holds ``(t_ns, source, kind, path[, path2])`` tuples until
+    :meth:`take`; ``source`` is the one given to :meth:`add` for the listener
+    (0 for the kernel's tree, a command's pid for a ``host.bash`` command).
+    At most ``limit`` accesses are held; past it ``dropped`` counts the rest.
+    """
+
+    def __init__(self, roots: list[str], limit: int = 1_000_000) -> None:
+        self.roots = [r.rstrip("/") + "/" for r in roots if r]
+        self.sources: dict[int, int] = {}  # listener fd -> source
+        self.accesses: list[tuple[Any, ...]] = []
+        self.dropped = 0
+        self.limit = limit
+        self._mem: dict[int, int] = {}  # tid -> /proc/tid/mem descriptor
+        #: tid -> its working folder, read once and kept until some thread changes folder.
+        self._cwd: dict[int, str] = {}
+        #: Threads whose chdir was let through but may not have happened yet: while any
+        #: is here, nothing is cached (another thread could read the old folder and keep
+        #: it). A thread leaves when its next call is seen, which its chdir came before.
+        self._moving: set[int] = set()
+        assert _ARCH is not None
+        self._names = {n: name for name, n in _ARCH[2].items()}
+        self._buf = bytearray(_NOTIF_SIZE)
+        self._unpack = struct.Struct("<QIIiIQ6Q").unpack_from
+        self._resp = struct.Struct("<QqiI").pack
+
+    def add(self, listener: int, source: int) -> None:
+        self.sources[listener] = source
+        try:
+            fcntl.ioctl(listener, _NOTIF_SET_FLAGS, _FD_SYNC_WAKE_UP)  # by value
+        except OSError:
+            pass  # before Linux 6.6: slower, as correct
+
+    def remove(self, listener: int) -> None:
+        if self.sources.pop(listener, None) is not None:
+            os.close(listener)
+
+    def close(self) -> None:
+        for fd in list(self.sources):
+            self.remove(fd)
+        for fd in self._mem.values():
+            os.close(fd)
+        self._mem.clear()
+
+    def take(self) -> tuple[list[tuple[Any, ...]], int]:
+        """Everything seen since the last take, and how many were dropped."""
+        out, dropped = self.accesses, self.dropped
+        self.accesses, self.dropped = [], 0
+        return out, dropped
+
+    def serve(self, listener: int) -> bool:
+        """Handle one notification on ``listener``; False when it has no more callers."""
+        buf = self._buf
+        buf[:] = _ZEROS
+        try:
+            fcntl.ioctl(listener, _NOTIF_RECV, buf, True)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:  # the caller went away before we read it
+                return True
+            if exc.errno == errno.EINTR:
+                return True
+            return False
+        nid, tid, _, nr, _, _, a0, a1, a2, a3, a4, _ = self._unpack(buf)
+        try:
+            self._note(self.sources.get(listener, -1), tid, self._names.get(nr), a0, a1, a2,
+                       a3, a4)
+        except OSError:
+            pass  # memory unreadable (the caller died): nothing to keep
+        finally:
+            try:
+                fcntl.ioctl(listener, _NOTIF_SEND, self._resp(nid, 0, 0,
+                                                              _USER_NOTIF_FLAG_CONTINUE))
+            except OSError:
+                pass  # it was killed meanwhile
+        return True
+
+    # -- reading the call
+
+    def _note(self, source: int, tid: int, name: str | None, a0: int, a1: int, a2: int,
+              a3: int, a4: int) -> None:
+        if self._moving:
+            self._moving.discard(tid)
+        if name in ("openat", "openat2"):
+            path = self._path(tid, a0, a1)
+            flags = a2 if name == "openat" else self._u64(tid, a2)
+            self._keep(source, _open_kind(flags), path)
+        elif name == "open":
+            self._keep(source, _open_kind(a1), self._path(tid, _AT_FDCWD, a0))
+        elif name == "creat":
+            self._keep(source, WRITE, self._path(tid, _AT_FDCWD, a0))
+        elif name == "execve":
+            self._keep(source, EXEC, self._path(tid, _AT_FDCWD, a0))
+            self._forget(tid)
+        elif name == "execveat":
+            self._keep(source, EXEC, self._path(tid, a0, a1))
+            self._forget(tid)
+        elif name in ("rename", "link"):
+            self._keep(source, RENAME if name == "rename" else LINK,
+                       self._path(tid, _AT_FDCWD, a0), self._path(tid, _AT_FDCWD, a1))
+        elif name in ("renameat", "renameat2", "linkat"):
+            self._keep(source, LINK if name == "linkat" else RENAME,
+                       self._path(tid, a0, a1), self._path(tid, a2, a3))
+        elif name in ("unlink", "rmdir"):
+            self._keep(source, REMOVE, self._path(tid, _AT_FDCWD, a0))
+        elif name == "unlinkat":
+            self._keep(source, REMOVE, self._path(tid, a0, a1))
+        elif name == "truncate":
+            self._keep(source, WRITE, self._path(tid, _AT_FDCWD, a0))
+        elif name in ("chdir", "fchdir"):
+            self._cwd.clear()
+            self._moving.add(tid)
+
+    def _keep(self, source: int, kind: str, path: str | None, path2: str | None = None) -> None:
+        if path is None:
+            return
+        roots = self.roots
+        if not any(path.startswith(r) for r in roots) and not (
+                path2 is not None and any(path2.startswith(r) for r in roots)):
+            return
+        if len(self.accesses) >= self.limit:
+            self.dropped += 1
+            return
+        t = time.monotonic_ns()
+        if path2 is None:
+            self.accesses.append((t, source, kind, path))
+        else:
+            self.accesses.append((t, source, kind, path, path2))
+
+    def _mem_fd(self, tid: int) -> int:
+        fd = self._mem.get(tid)
+        if fd is None:
+            if len(self._mem) > 256:
+                for old in list(self._mem)[:128]:
+                    os.close(self._mem.pop(old))
+            fd = self._mem[tid] = os.open(f"/proc/{tid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _forget(self, tid: int) -> None:
+        self._cwd.pop(tid, None)
+        fd = self._mem.pop(tid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _read(self, tid: int, addr: int, size: int) -> bytes:
+        for attempt in (0, 1):
+            try:
+                data = os.pread(self._mem_fd(tid), size, addr)
+            except OSError:
+                data = b""
+            if data or attempt:
+                return data
+            self._forget(tid)  # a stale descriptor (exec, or a reused tid): open again
+        return b""
+
+    def _u64(self, tid: int, addr: int) -> int:
+        data = self._read(tid, addr, 8)
+        return struct.unpack("<Q", data)[0] if len(data) == 8 else 0
+
+    def _path(self, tid: int, dirfd: int, addr: int) -> str | None:
+        if not addr:
+            return None
+        size = 4096 - addr % 4096
+        data = self._read(tid, addr, size)
+        end = data.find(b"\0")
+        if end < 0 and len(data) == size:
+            data += self._read(tid, addr + size, 4096)
+            end = data.find(b"\0")
+        if end < 0:
+            return None
+        raw = os.fsdecode(data[:end])
+        if raw[:1] != "/":
+            dirfd &= 0xFFFFFFFF
+            try:
+                if dirfd == _AT_FDCWD & 0xFFFFFFFF:
+                    base = self._cwd.get(tid)
+                    if base is None:
+                        base = os.readlink(f"/proc/{tid}/cwd")
+                        if not self._moving:
+                            self._cwd[tid] = base
+                else:
+                    base = os.readlink(f"/proc/{tid}/fd/{dirfd}")
+            except OSError:
+                return None
+            raw = base + "/" + raw
+        if "/." in raw or "//" in raw:
+            raw = os.path.normpath(raw)
+        return raw
+
+
+def _open_kind(flags: int) -> str:
+    mode = flags & _O_ACCMODE
+    if mode == _O_WRONLY:
+        return WRITE
+    if mode == _O_RDWR:
+        return WRITE if flags & _O_TRUNC else READ_WRITE
+    return WRITE if flags & _O_TRUNC else READ
