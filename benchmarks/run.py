@@ -183,20 +183,30 @@ def run_cell(host: Host, code: str) -> float:
 
 
 class _PlainSpec(KernelSpecManager):
-    """A plain ipykernel on this interpreter: the Host's launch line without its extension."""
+    """A plain ipykernel on this interpreter: the Host's launch line without its extension.
+
+    ``launcher`` goes before the interpreter (``strace ...``, to run the kernel under it).
+    """
+
+    launcher: tuple[str, ...] = ()
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-        return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f",
-                                "{connection_file}"],
+        return KernelSpec(argv=[*self.launcher, sys.executable, "-m", "ipykernel_launcher",
+                                "-f", "{connection_file}"],
                           display_name="Python 3 (plain)", language="python", resource_dir="",
                           metadata={"debugger": False})
 
 
 class BareKernel:
-    """A plain ipykernel driven with nothing but jupyter_client, over IPC like the Host's."""
+    """A plain ipykernel driven with nothing but jupyter_client, over IPC like the Host's.
 
-    def __init__(self, workdir: Path) -> None:
+    ``launcher`` is a command line the kernel runs under (``strace -f ...``); the kernel is
+    then that command's child, in the same process group.
+    """
+
+    def __init__(self, workdir: Path, launcher: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
+        self.launcher = launcher
         self.runtime = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX + "kernel-"))
         env = dict(os.environ)
         env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # as the Host sets it
@@ -205,8 +215,10 @@ class BareKernel:
         self.client: Any = None
 
     def start(self) -> Self:
+        spec = _PlainSpec()
+        spec.launcher = self.launcher
         self.manager = KernelManager(transport="ipc", kernel_name="python3",
-                                     kernel_spec_manager=_PlainSpec(),
+                                     kernel_spec_manager=spec,
                                      connection_file=str(self.runtime / "kernel.json"))
         self.manager.start_kernel(cwd=str(self.workdir), env=self.env)
         self.client = self.manager.client()
@@ -809,13 +821,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_fronts() -> None:
-    """Benchmarks that live beside the front they measure (benchmarks/relay.py)."""
+    """Benchmarks that live in their own modules: beside the front they measure
+    (benchmarks/relay.py), or with more sides than ours and a baseline (benchmarks/tracing.py).
+    """
     if "relay_roundtrip" in BENCHMARKS:
         return
     from benchmarks.relay import RELAY_BASELINE, RELAY_OURS, bench_relay_roundtrip
+    from benchmarks.tracing import TRACING
 
     benchmark("relay_roundtrip", target=1.15, ours=RELAY_OURS,
               baseline=RELAY_BASELINE)(bench_relay_roundtrip)  # type: ignore[arg-type]
+    for name, target, ours, baseline, run in TRACING:
+        benchmark(name, target=target, ours=ours, baseline=baseline)(run)
 
 
 def main(argv: list[str] | None = None) -> int:

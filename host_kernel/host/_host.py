@@ -977,6 +977,7 @@ class Host:
                 "generation": cell.generation, "source_path": rel,
                 "lineage": self._lineage_for(cell, rel, self._access_so_far(cell, args))}
         self._append("artifact_saved", body)
+        self.lineage.artifact_saved(body["artifact_id"], ref.sha256)
         return Artifact.from_dict(body).to_dict()
 
     def _access_so_far(self, cell: _RunningCell, args: dict[str, Any]) -> tuple[Any, str]:

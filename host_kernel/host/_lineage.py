@@ -51,8 +51,28 @@ class SessionLineage:
         #: (key, sha256) → when it was hashed: "cell_end" or "save"
         self.hashed_at: dict[tuple[str, str | None], str] = {}
         self.receipts: dict[str, dict[str, Any]] = {}
+        #: sha256 → the first artifact of this session saved with those bytes: a file read
+        #: later with the same bytes links to the artifact (and so to its own upstream).
+        self.artifact_bytes: dict[str, str] = {}
 
     # -- feeding
+
+    def artifact_saved(self, artifact_id: str, sha256: str) -> None:
+        """An artifact was saved: from now on, reading its bytes from a file reads it."""
+        self.artifact_bytes.setdefault(sha256, artifact_id)
+
+    def _file_source(self, rel: str, sha: str, method: str, cell_id: str) -> list[Source]:
+        """A read of ``rel`` (bytes ``sha``) as sources: an artifact materialised there or
+        saved with those bytes; otherwise the file, and, when the session wrote it
+        earlier, the inputs of that content too (chains through files)."""
+        loaded = self.materialised.get(rel)
+        if loaded is not None and loaded[1] == sha:
+            return [Source(f"artifact:{loaded[0]}", method, cell_id, sha)]
+        saved = self.artifact_bytes.get(sha)
+        if saved is not None:
+            return [Source(f"artifact:{saved}", method, cell_id, sha)]
+        return [Source(file_key(rel), method, cell_id, sha),
+                *self.tracker.inputs_for_file(rel)]
 
     def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str,
                  method: str = OBSERVED) -> list[tuple[str, Source]]:
@@ -65,13 +85,10 @@ class SessionLineage:
             found = cached_sha256(self.workspace.root, rel, self.hash_cache)
             if found is None:
                 continue  # opened but gone, or a failed open
-            loaded = self.materialised.get(rel)
-            if loaded is not None and loaded[1] == found:
-                source = Source(f"artifact:{loaded[0]}", method, cell_id, found)
-            else:
-                source = Source(file_key(rel), method, cell_id, found)
-            self.hashed_at.setdefault(source.identity, when)
-            out.append((rel, source))
+            direct, *upstream = self._file_source(rel, found, method, cell_id)
+            self.hashed_at.setdefault(direct.identity, when)
+            out.append((rel, direct))
+            out += [(rel, s) for s in upstream]
         return out
 
     @staticmethod
@@ -154,11 +171,9 @@ class SessionLineage:
             sha = cached_sha256(root, rel, self.hash_cache)
             if sha is None:
                 continue  # gone, or not a regular file
-            loaded = self.materialised.get(rel)
-            key = f"artifact:{loaded[0]}" if loaded and loaded[1] == sha else file_key(rel)
-            source = Source(key, method, cell_id, sha)
-            self.hashed_at.setdefault(source.identity, "command_end")
-            out.append(source)
+            direct, *upstream = self._file_source(rel, sha, method, cell_id)
+            self.hashed_at.setdefault(direct.identity, "command_end")
+            out += [direct, *upstream]
             if limit is not None and len(out) >= limit:
                 break
         return out

@@ -167,7 +167,7 @@ class Supervisor:
     """
 
     def __init__(self, roots: list[str], limit: int = 1_000_000) -> None:
-        self.roots = [r.rstrip("/") + "/" for r in roots if r]
+        self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
         self.sources: dict[int, int] = {}  # listener fd -> source
         self.accesses: list[tuple[Any, ...]] = []
         self.dropped = 0
@@ -274,9 +274,8 @@ class Supervisor:
     def _keep(self, source: int, kind: str, path: str | None, path2: str | None = None) -> None:
         if path is None:
             return
-        roots = self.roots
-        if not any(path.startswith(r) for r in roots) and not (
-                path2 is not None and any(path2.startswith(r) for r in roots)):
+        if not path.startswith(self.roots) and not (
+                path2 is not None and path2.startswith(self.roots)):
             return
         if len(self.accesses) >= self.limit:
             self.dropped += 1

@@ -1,0 +1,53 @@
+"""Reading what a traced session recorded: artifact inputs, receipts and events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from host_kernel import Host, Observation
+
+from _helpers import run_ok
+
+
+def last_line(host: Host, code: str) -> str:
+    """Run a cell that must succeed and prints one value last; return that value."""
+    return run_ok(host, code).strip().splitlines()[-1]
+
+
+def inputs_of(host: Host, filename: str) -> dict[str, str]:
+    """``{key: method}`` of the newest artifact saved under ``filename``."""
+    rows = host.ledger.query(
+        "SELECT lineage FROM artifacts WHERE filename = ? ORDER BY seq DESC LIMIT 1",
+        (filename,))
+    assert rows, f"no artifact named {filename!r} was saved"
+    lineage = json.loads(rows[0]["lineage"])
+    assert "error" not in lineage, lineage
+    return {item["key"]: item["method"] for item in lineage["inputs"]}
+
+
+def artifact_id_of(host: Host, filename: str) -> str:
+    rows = host.ledger.query(
+        "SELECT artifact_id FROM artifacts WHERE filename = ? ORDER BY seq DESC LIMIT 1",
+        (filename,))
+    assert rows, f"no artifact named {filename!r} was saved"
+    return str(rows[0]["artifact_id"])
+
+
+def receipt_body(host: Host, receipt_id: str) -> dict[str, Any]:
+    rows = host.ledger.query("SELECT body FROM receipts WHERE receipt_id = ?", (receipt_id,))
+    assert rows, f"no receipt {receipt_id}"
+    return dict(json.loads(rows[0]["body"]))
+
+
+def events(host: Host, kind: str) -> list[dict[str, Any]]:
+    """The bodies of every event of ``kind``, oldest first."""
+    rows = host.ledger.query("SELECT body FROM events WHERE kind = ? ORDER BY seq", (kind,))
+    return [json.loads(r["body"]) for r in rows]
+
+
+def finished(host: Host, obs: Observation) -> dict[str, Any]:
+    """The cell_finished event body of the cell behind ``obs``."""
+    found = [b for b in events(host, "cell_finished") if b["cell_id"] == obs.cell_id]
+    assert len(found) == 1, found
+    return found[0]
