@@ -97,6 +97,13 @@ class _RunningCell:
     start_ns: int = 0
     start_wall_ns: int = 0
 
+    @classmethod
+    def now(cls, cell_id: str, generation: int, token: str, code: str) -> _RunningCell:
+        """A cell about to be sent, stamped as the tracer will see it."""
+        start_ns, start_wall_ns = now_ns()
+        return cls(cell_id, generation, token, code, start_ns=start_ns,
+                   start_wall_ns=start_wall_ns)
+
 
 #: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
 #: socket live in the runtime folder, whose own path must leave room for their names.
@@ -197,7 +204,8 @@ class Host:
         #: An optional LLM client (host_kernel.llm.LLMClient) that may narrow lineage.
         self.llm = llm
         self._hash_cache: HashCache = {}
-        self.lineage = SessionLineage(self.workspace, self._hash_cache)
+        self.lineage = SessionLineage(self.workspace, self._hash_cache,
+                                      source_of=self._source_of)
         self.state = HostState.UNOPENED
         self._kernel: KernelGeneration | None = None
         #: Generations an earlier process of this session ran (a resumed relay session).
@@ -534,10 +542,8 @@ class Host:
             cell_id = mint_cell_id()
             self._append("cell_started", {"cell_id": cell_id, "generation": kernel.generation,
                                           "code": code, "frontend_cell_id": frontend_cell_id})
-            start_ns, start_wall_ns = now_ns()
-            running = self._running = _RunningCell(cell_id, kernel.generation, kernel.token,
-                                                   code, start_ns=start_ns,
-                                                   start_wall_ns=start_wall_ns)
+            running = self._running = _RunningCell.now(cell_id, kernel.generation,
+                                                       kernel.token, code)
             t0 = time.monotonic()
             try:
                 run = self._run(kernel, code, cell_id, timeout)
@@ -545,16 +551,8 @@ class Host:
                 self._running = None
             duration = time.monotonic() - t0
             notice = self._settle_commands(cell_id)
-            traced, trace_error = self._traced_cell(running)
-            lineage_error = trace_error
-            try:  # before any restart below, which forgets every name in memory
-                if traced is not None:
-                    self.lineage.cell_finished(cell_id, code, traced.access(), running.io,
-                                               method=TRACED)
-                else:
-                    self.lineage.cell_finished(cell_id, code, run.access, running.io)
-            except Exception as exc:  # lineage is evidence about data, never about acceptance
-                lineage_error = f"{type(exc).__name__}: {exc}"
+            # Before any restart below, which forgets every name in memory.
+            lineage_body = self._cell_lineage(running, run.access)
             if run.status == "kernel_died":
                 old = kernel.generation
                 self._start_generation("kernel_died")
@@ -584,10 +582,7 @@ class Host:
                 body["dropped_chars"] = run.dropped_chars
             if run.access is not None:
                 body["access"] = run.access
-            if traced is not None:
-                body["traced"] = traced.to_record()
-            if lineage_error is not None:
-                body["lineage_error"] = lineage_error
+            body.update(lineage_body)
             self._append("cell_finished", body)
             if not self._confinement_told:
                 self._confinement_told = True
@@ -604,16 +599,38 @@ class Host:
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
 
-    def _traced_cell(self, running: _RunningCell) -> tuple[TracedAccess | None, str | None]:
-        """What the tracer saw the kernel's tree do during the cell (None: untraced)."""
-        trace = self._trace
-        if trace is None:
-            return None, None
+    def _cell_lineage(self, running: _RunningCell, access: Any) -> dict[str, Any]:
+        """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in
+        the cell's window, or, untraced, what the kernel's audit hook reported (``access``).
+        Returns what the cell's record adds: ``traced`` and any ``lineage_error``."""
+        body: dict[str, Any] = {}
+        traced: TracedAccess | None = None
+        if self._trace is not None:
+            try:
+                traced = self._trace.for_cell(running.start_ns, time.monotonic_ns(),
+                                              since_wall_ns=running.start_wall_ns)
+            except SandboxError as exc:  # the generation ended (the kernel died)
+                body["lineage_error"] = f"trace: {exc}"
         try:
-            return trace.for_cell(running.start_ns, time.monotonic_ns(),
-                                  since_wall_ns=running.start_wall_ns), None
-        except SandboxError as exc:  # the generation ended (the kernel died): nothing traced
-            return None, f"trace: {exc}"
+            if traced is not None:
+                body["traced"] = traced.to_record()
+                self.lineage.cell_finished(running.cell_id, running.code, traced.access(),
+                                           running.io, method=TRACED)
+            elif self._trace is None:
+                self.lineage.cell_finished(running.cell_id, running.code, access, running.io)
+        except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
+            body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+        return body
+
+    def _source_of(self, path: str) -> str | None:
+        """The text of a workspace file a cell runs (``%run script.py``), or None."""
+        try:
+            _, fh = self.workspace.open_file(path)
+        except (HostCallError, OSError):
+            return None
+        with fh:
+            data = fh.read(1 << 20)
+        return data.decode("utf-8", "replace")
 
     def _generation_env(self, cell: _RunningCell) -> dict[str, str]:
         """The environment the Host launched this cell's kernel with: the baseline a

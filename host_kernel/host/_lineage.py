@@ -17,7 +17,7 @@ only (docs/lineage.md), never acceptance evidence.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,11 @@ class CellIO:
 
 
 class SessionLineage:
-    def __init__(self, workspace: Workspace, hash_cache: HashCache | None = None) -> None:
+    def __init__(self, workspace: Workspace, hash_cache: HashCache | None = None, *,
+                 source_of: Callable[[str], str | None] | None = None) -> None:
+        """``source_of``: the text of a workspace file a cell runs (``%run``), or None."""
         self.workspace = workspace
+        self.source_of = source_of
         self.hash_cache = {} if hash_cache is None else hash_cache
         self.tracker = FlowTracker()
         #: path → (artifact id, sha256) of an artifact materialised there by load_artifact

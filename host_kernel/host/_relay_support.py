@@ -204,7 +204,7 @@ class RelayHost(Host):
         if silent:
             body["silent"] = True
         self._append("cell_started", body)
-        running = _RunningCell(cell_id, kernel.generation, kernel.token, code)
+        running = _RunningCell.now(cell_id, kernel.generation, kernel.token, code)
         self._cell = _Relayed(running, time.monotonic())
         self._running = running
         return cell_id
@@ -231,10 +231,7 @@ class RelayHost(Host):
             body["dropped_chars"] = dropped_chars
         if access is not None:
             body["access"] = access
-        try:
-            self.lineage.cell_finished(cell.cell_id, cell.code, access, cell.io)
-        except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
-            body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+        body.update(self._cell_lineage(cell, access))
         self._append("cell_finished", body)
 
     def kernel_died(self, execution_count: int | None = None,
