@@ -289,6 +289,10 @@ class Host:
                     self._policy = None
                     del self._launch_env["HOST_KERNEL_CONFINED"]
             self.confinement = confinement
+            if self._why_untraced() is None:
+                # The kernel's audit hook would only repeat, slower and less reliably,
+                # what the tracer sees; the extension leaves it out (docs/lineage.md).
+                self._launch_env["HOST_KERNEL_TRACED"] = "1"
             self.redactor.learn(self._launch_env)
             self._begin_session()
         except BaseException:

@@ -1,9 +1,10 @@
 """The IPython extension that puts ``host`` into the kernel's namespace.
 
 Loaded at kernel start-up by ``--IPKernelApp.extra_extensions`` (the documented
-way; no class swapping), before the first cell. It also installs the audit-hook
-capture and reports each cell's file accesses to the Host through IPython's
-``pre_run_cell`` / ``post_run_cell`` events. Outside a Host it does nothing.
+way; no class swapping), before the first cell. In a session the Host does
+not trace at the OS level, it also installs the audit-hook capture and reports
+each cell's file accesses to the Host through IPython's ``pre_run_cell`` /
+``post_run_cell`` events. Outside a Host it does nothing.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def load_ipython_extension(ip: Any) -> None:
     if os.environ.get("HOST_KERNEL_CONFINED") == "1":
         ip.set_custom_exc((PermissionError,), _explain_confinement)
     workspace = os.environ.get("HOST_KERNEL_WORKSPACE")
-    if not workspace:
-        return
+    if not workspace or os.environ.get("HOST_KERNEL_TRACED") == "1":
+        return  # no workspace to watch, or the Host traces file access itself
     from .capture import Capture
 
     capture = Capture(os.path.realpath(workspace), ignore=[])
