@@ -178,6 +178,7 @@ class TraceLog:
                         writes[dst] = None
                 elif rel is not None and dst is not None:
                     renames.append((rel, dst))
+                    writes[dst] = None  # written by this owner, as the audit hook counts it
                 elif dst is not None:
                     writes[dst] = None  # moved in from outside the workspace
                 elif rel is not None:
