@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from host_kernel import Host, Observation
-
 from _helpers import run_ok
+
+from host_kernel import Host, Observation
 
 
 def last_line(host: Host, code: str) -> str:

@@ -117,7 +117,8 @@ def test_comprehension_variables_do_not_leak() -> None:
 
 
 def test_match_captures_are_defined() -> None:
-    code = "match point:\n    case (x, *rest):\n        pass\n    case {'k': v, **others}:\n        pass"
+    code = ("match point:\n    case (x, *rest):\n        pass\n"
+            "    case {'k': v, **others}:\n        pass")
     assert names(code).defined == {"x", "rest", "v", "others"}
 
 
@@ -178,7 +179,8 @@ def test_lambda_free_names_are_used() -> None:
 
 
 def test_nonlocal_names_resolve_in_the_enclosing_function() -> None:
-    code = "def outer():\n    n = 0\n    def inner():\n        nonlocal n\n        n += step\n    return inner"
+    code = ("def outer():\n    n = 0\n    def inner():\n        nonlocal n\n"
+            "        n += step\n    return inner")
     assert names(code).used == {"step"}
 
 
@@ -381,3 +383,77 @@ def test_class_and_function_definitions_are_told_apart() -> None:
     a, b = result.functions
     assert (a.name, a.is_class) == ("A", True)
     assert (b.name, b.is_class) == ("b", False)
+
+
+# -- call effects: figures, mutation through arguments, links ------------------------
+
+CURRENT = "<current figure>"
+UNKNOWN = "<unknown names>"
+
+
+def test_subplots_links_the_figure_its_axes_and_the_current_figure() -> None:
+    result = names("fig, ax = plt.subplots()")
+    assert result.links == (frozenset({"fig", "ax", CURRENT}),)
+    assert CURRENT in result.defined
+
+
+def test_add_subplot_links_the_axes_to_its_figure() -> None:
+    assert frozenset({"ax", "fig"}) in names("ax = fig.add_subplot()").links
+
+
+def test_drawing_methods_mutate_the_axes_even_inside_an_assignment() -> None:
+    assert names("line, = ax.plot(x)").mutated >= {"ax"}
+    assert names("axes[0].bar(x, y)").mutated >= {"axes"}
+    assert names("im = ax.imshow(a)").links == (frozenset({"im", "ax"}),)
+
+
+def test_pyplot_drawing_mutates_the_current_figure() -> None:
+    for code in ("plt.plot(x)", "plt.hist(x)", "plt.scatter(x, y)", "plt.imshow(a)",
+                 "df.plot()", "s.plot.bar()", "sns.histplot(df)"):
+        assert CURRENT in names(code).mutated, code
+
+
+def test_savefig_uses_the_current_figure_unless_a_new_one_was_started() -> None:
+    assert CURRENT in names("plt.savefig('f.png')").used
+    assert CURRENT not in names("plt.figure()\nplt.savefig('f.png')").used
+
+
+def test_close_deletes_the_current_figure() -> None:
+    assert CURRENT in names("plt.close()").deleted
+    assert CURRENT in names("plt.clf()\nplt.plot(x)").defined
+
+
+def test_seaborn_with_ax_draws_into_that_axes() -> None:
+    result = names("sns.lineplot(data=df, ax=ax)")
+    assert "ax" in result.mutated
+    assert CURRENT not in result.mutated
+
+
+def test_pyplot_alias_is_known_from_an_earlier_import() -> None:
+    assert CURRENT in cell_names("p.plot(x)", modules={"p": "matplotlib.pyplot"}).mutated
+
+
+def test_an_argument_of_a_call_not_known_pure_may_be_mutated() -> None:
+    assert names("fill(rows, data)").mutated == {"rows", "data"}
+    assert names("random.shuffle(x)").mutated >= {"x"}
+
+
+def test_arguments_of_known_pure_calls_are_not_mutated() -> None:
+    for code in ("n = len(rows)", "print(rows)", "s = json.dumps(rows)", "m = np.mean(rows)",
+                 "p = os.path.join(d, 'x')", "y = math.sqrt(rows)", "z = sorted(rows)"):
+        assert names(code).mutated == set(), code
+
+
+def test_method_arguments_are_not_mutated() -> None:
+    assert names("m = a.merge(b)").mutated == set()
+
+
+def test_star_import_and_run_without_the_script_bind_unknown_names() -> None:
+    assert UNKNOWN in names("from helpers import *").mutated
+    assert UNKNOWN in names("%run script.py").mutated
+
+
+def test_imports_list_the_dotted_modules() -> None:
+    result = names("import pkg.x as m\nfrom helpers import f\nimport a.b")
+    assert set(result.imports) == {("m", "pkg.x", "pkg.x"), ("f", "helpers.f", "helpers.f"),
+                                   ("a", "a", "a.b")}

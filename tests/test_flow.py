@@ -493,3 +493,162 @@ def test_fork_is_independent_of_the_original() -> None:
     assert [s.key for s in twin.inputs_for_file("out.csv")] == ["file:a.csv"]
     assert tracker.inputs_for_file("out.csv") == ()
     assert tracker.fork().names_taint("x") == tracker.names_taint("x")
+
+
+# -- figures, workspace modules, mutation through arguments, unknown names ----------
+
+PYPLOT = "import matplotlib.pyplot as plt\nimport pandas as pd"
+
+
+def test_axes_drawn_in_one_cell_taint_the_figure_saved_in_another() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "fig, ax = plt.subplots()", [], []),
+        ("c3", "ax.plot(df.x)", [], []),
+        ("c4", "fig.savefig('f.png')", [], ["f.png"]),
+    ])
+    assert summary(tracker.inputs_for_file("f.png")) == [("file:a.csv", DEF_USE, "c1")]
+
+
+def test_subplot_added_later_taints_its_figure() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "fig = plt.figure()", [], []),
+        ("c3", "ax = fig.add_subplot()", [], []),
+        ("c4", "ax.scatter(df.x, df.y)", [], []),
+        ("c5", "fig.savefig('f.png')", [], ["f.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("f.png")] == ["file:a.csv"]
+
+
+def test_element_of_an_axes_array_taints_the_figure() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "fig, axes = plt.subplots(2)", [], []),
+        ("c3", "axes[0].hist(df.x)\naxes[1].set_title('x')", [], []),
+        ("c4", "plt.savefig('f.png')", [], ["f.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("f.png")] == ["file:a.csv"]
+
+
+def test_pyplot_current_figure_carries_across_cells() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "plt.bar(df.x, df.y)", [], []),
+        ("c3", "plt.savefig('g.png')", [], ["g.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("g.png")] == ["file:a.csv"]
+
+
+def test_a_new_figure_cuts_the_old_ones_taint() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "old = pd.read_csv('old.csv')\nplt.plot(old.x)", ["old.csv"], []),
+        ("c2", "new = pd.read_csv('new.csv')", ["new.csv"], []),
+        ("c3", "plt.figure()\nplt.plot(new.x)", [], []),
+        ("c4", "plt.savefig('g.png')", [], ["g.png"]),
+        ("c5", "plt.close()", [], []),
+        ("c6", "plt.savefig('h.png')", [], ["h.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("g.png")] == ["file:new.csv"]
+    assert tracker.inputs_for_file("h.png") == ()
+
+
+def test_seaborn_drawing_into_an_axes_taints_its_figure() -> None:
+    tracker = run([
+        ("c0", PYPLOT + "\nimport seaborn as sns", [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "fig, ax = plt.subplots()\nsns.lineplot(data=df, ax=ax)", [], []),
+        ("c3", "fig.savefig('s.png')", [], ["s.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("s.png")] == ["file:a.csv"]
+
+
+def test_pandas_plot_draws_on_the_current_figure() -> None:
+    tracker = run([
+        ("c0", PYPLOT, [], []),
+        ("c1", "df = pd.read_csv('a.csv')", ["a.csv"], []),
+        ("c2", "df.plot(x='x', y='y')", [], []),
+        ("c3", "plt.savefig('p.png')", [], ["p.png"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("p.png")] == ["file:a.csv"]
+
+
+def test_an_imported_workspace_module_is_an_input_of_what_its_functions_compute() -> None:
+    tracker = run([
+        ("c1", "import helpers", ["helpers.py"], []),
+        ("c2", "data = load('a.csv')", ["a.csv"], []),
+        ("c3", "y = helpers.f(data)", [], []),
+        ("c4", "save('o', y)", [], ["o"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("o")] == ["file:helpers.py", "file:a.csv"]
+
+
+def test_a_from_import_served_from_the_cache_still_carries_the_module() -> None:
+    tracker = run([
+        ("c1", "import pkg.tools as t", ["pkg/__init__.py", "pkg/tools.py"], []),
+        ("c2", "from pkg.tools import f", [], []),
+    ])
+    assert [s.key for s in tracker.names_taint("f")] == ["file:pkg/__init__.py",
+                                                         "file:pkg/tools.py"]
+
+
+def test_a_library_module_read_outside_the_workspace_name_carries_nothing() -> None:
+    tracker = run([("c1", "import json\nimport helpers", ["helpers.py"], [])])
+    assert tracker.names_taint("json") == ()
+
+
+def test_a_call_not_known_pure_may_mutate_its_arguments() -> None:
+    tracker = run([
+        ("c1", "rows = []", [], []),
+        ("c2", "data = load('a.csv')", ["a.csv"], []),
+        ("c3", "fill(rows, data)", [], []),
+        ("c4", "save('out.csv', rows)", [], ["out.csv"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("out.csv")] == ["file:a.csv"]
+
+
+def test_a_known_pure_call_does_not_mutate_its_arguments() -> None:
+    tracker = run([
+        ("c1", "rows = []", [], []),
+        ("c2", "data = load('a.csv')", ["a.csv"], []),
+        ("c3", "print(rows, data)\nn = len(rows)", [], []),
+        ("c4", "save('out.csv', rows)", [], ["out.csv"]),
+    ])
+    assert tracker.inputs_for_file("out.csv") == ()
+
+
+def test_names_from_a_star_import_get_the_modules_taint() -> None:
+    tracker = run([
+        ("c1", "from helpers import *", ["helpers.py"], []),
+        ("c2", "save('o', f())", [], ["o"]),
+    ])
+    assert [s.key for s in tracker.inputs_for_file("o")] == ["file:helpers.py"]
+
+
+def test_pieces_of_one_run_writing_one_file_merge_their_inputs() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "w(a)", [read("a.csv", "c1")], ["o"])
+    tracker.observe_cell("c1", "w(b)", [read("b.csv", "c1")], ["o"], continues=True)
+    assert [s.key for s in tracker.inputs_for_file("o")] == ["file:a.csv", "file:b.csv"]
+    tracker.observe_cell("c1", "w(b)", [read("b.csv", "c1")], ["o"])
+    assert [s.key for s in tracker.inputs_for_file("o")] == ["file:b.csv"]
+
+
+def test_a_conditional_piece_keeps_the_old_taint() -> None:
+    tracker = FlowTracker()
+    tracker.observe_cell("c1", "x = f()", [read("a.csv", "c1")], [])
+    tracker.observe_cell("c2", "x = g()", [read("b.csv", "c2")], [], conditional=True)
+    assert [s.key for s in tracker.names_taint("x")] == ["file:a.csv", "file:b.csv"]
+
+
+def test_the_kernels_own_names_are_not_taken_for_unknown_names() -> None:
+    tracker = run([
+        ("c1", "from helpers import *", ["helpers.py"], []),
+        ("c2", "host.write_file('o', '1')", [], ["o"]),
+    ])
+    assert tracker.inputs_for_file("o") == ()

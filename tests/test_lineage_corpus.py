@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 from host_kernel import Host
 
 from lineage_corpus import CASES, Case
 
-THRESHOLD = 0.90
+#: Precision and recall both, the issue's target; the known miss left is the dynamic-path
+#: decoy (dynamic_paths_and_a_decoy_in_one_cell).
+THRESHOLD = 0.97
 
 
 def _labels(host: Host) -> dict[str, set[str]]:
@@ -45,6 +48,7 @@ def test_lineage_precision_and_recall_over_the_corpus(tmp_path: Path) -> None:
     tp = fp = fn = 0
     misses: list[str] = []
     ran = 0
+    started = time.monotonic()
     for i, case in enumerate(CASES):
         if any(importlib.util.find_spec(m) is None for m in case.needs):
             continue
@@ -64,8 +68,8 @@ def test_lineage_precision_and_recall_over_the_corpus(tmp_path: Path) -> None:
     precision = tp / (tp + fp) if tp + fp else 1.0
     recall = tp / (tp + fn) if tp + fn else 1.0
     print(f"\nlineage over {ran} sessions: precision {precision:.3f}, recall {recall:.3f} "
-          f"(tp {tp}, fp {fp}, fn {fn})")
+          f"(tp {tp}, fp {fp}, fn {fn}) in {time.monotonic() - started:.0f}s")
     for miss in misses:
         print("  " + miss)
-    assert ran >= 25
+    assert ran >= 40
     assert precision >= THRESHOLD and recall >= THRESHOLD, misses

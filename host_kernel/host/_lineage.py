@@ -125,7 +125,8 @@ class SessionLineage:
                 del self.materialised[rel]
         loaded_paths = {p for _, p, _ in io.loads}
         observe(self.tracker, cell_id, code, sources,
-                [w for w in writes if w not in loaded_paths], renames, removes)
+                [w for w in writes if w not in loaded_paths], renames, removes,
+                source_of=self.source_of)
 
     def receipt(self, cell_id: str, body: dict[str, Any]) -> None:
         """A command ran: the files it created or changed come from it and its named inputs."""
@@ -194,7 +195,7 @@ class SessionLineage:
             fork = self.tracker.fork()
             sources = self._sources(cell_id, reads, io, "save", method)
             observe(fork, cell_id, code, sources, list(dict.fromkeys([*writes, *io.writes])),
-                    renames, removes)
+                    renames, removes, source_of=self.source_of)
             found: Sequence[Source] = fork.inputs_for_file(rel)
             truncated = fork.is_truncated(rel)
         else:

@@ -32,16 +32,29 @@ rather than miss them:
   (``rows.append(x)``, ``model.fit(X)``, ``await q.put(x)``), any call with
   ``inplace=True``, and assignment or deletion through an attribute or
   subscript (``x[0] = v``, ``x.a = v``, ``del x[k]``). Mutations inside
-  function bodies are not seen. Passing an object to a function that mutates
-  it (``random.shuffle(x)``) is not seen.
+  function bodies are not seen. Passing an object to a call not known pure
+  (``fill(rows, data)``, ``random.shuffle(x)``) counts as mutating it, and
+  drawing methods (``ax.plot(x)``) mutate their receiver wherever they stand
+  (see ``effects`` below).
 * ``deleted``: only unconditional, top-level ``del name`` statements; a
   later binding in the same cell takes the name back out. ``defined`` and
   ``deleted`` never overlap.
-* ``from m import *`` binds names that cannot be known; they are not listed.
+* ``from m import *`` binds names that cannot be known; they are not listed,
+  and the pseudo-name ``knowledge.UNKNOWN_NAMES`` is marked mutated instead.
+* Calls' side effects (``host_kernel.lineage.effects``): drawing into a
+  figure or the pyplot current figure (pseudo-name
+  ``knowledge.CURRENT_FIGURE``, which may be defined, used, mutated or
+  deleted like a name), mutation through the arguments of calls not known
+  pure, and ``links``: groups of names referring to one object. ``imports``
+  lists each imported name with the dotted module (or module attribute) it
+  was bound to and the full dotted path imported, for the flow tracker's
+  workspace-module rule. ``cell_names(code, modules=...)`` takes the names
+  earlier cells imported, so that ``plt.plot`` is known as pyplot's.
 
 IPython syntax is handled before parsing, only when the plain source does
 not parse: line magics become ``pass`` (``%time``/``%timeit``/``%prun``
-keep the statement they time), shell escapes (``!ls``) and help (``x?``)
+keep the statement they time; ``%run`` becomes a star import of the script's
+unknown names, see ``UNKNOWN_NAMES``), shell escapes (``!ls``) and help (``x?``)
 become ``pass``, ``x = %magic`` / ``x = !cmd`` bind ``x``, and a cell magic
 (``%%bash``, ``%%writefile`` ...) makes the whole cell non-Python: empty sets,
 ``parse_error`` False. ``%%time``, ``%%timeit``, ``%%prun`` and ``%%capture``
@@ -55,10 +68,16 @@ import ast
 import builtins
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["BUILTIN_NAMES", "CellNames", "FunctionNames", "cell_names"]
+from .effects import call_effects
+
+__all__ = ["BUILTIN_NAMES", "RUN_MODULE", "CellNames", "FunctionNames", "cell_names",
+           "ipython_to_python"]
+
+#: The module a ``%run`` whose script is not known is read as a star import of.
+RUN_MODULE = "__host_kernel_run__"
 
 #: Names that resolve to builtins unless a cell binds them.
 BUILTIN_NAMES: frozenset[str] = frozenset(dir(builtins))
@@ -103,6 +122,10 @@ class CellNames:
     functions: tuple[FunctionNames, ...] = ()
     #: builtin names the cell reads before binding them (see ``used``)
     builtins_used: frozenset[str] = frozenset()
+    #: groups of names that refer to one object after the cell (``fig, ax``)
+    links: tuple[frozenset[str], ...] = ()
+    #: (name, dotted object it is bound to, full dotted path imported), per import
+    imports: tuple[tuple[str, str, str], ...] = ()
 
     def function(self, name: str) -> FunctionNames | None:
         """What function or class ``name`` reads, if the cell bound it by ``def``/``class``."""
@@ -112,18 +135,22 @@ class CellNames:
         return None
 
 
-def cell_names(code: str) -> CellNames:
-    """Analyse one cell's source; never raises for bad or non-Python input."""
+def cell_names(code: str, *, modules: Mapping[str, str] | None = None) -> CellNames:
+    """Analyse one cell's source; never raises for bad or non-Python input.
+
+    ``modules`` maps names imported by earlier cells to the dotted module (or
+    module attribute) they are bound to, e.g. ``{"plt": "matplotlib.pyplot"}``.
+    """
     tree = _parse(code)
     if tree is None:
-        source = _ipython_to_python(code)
+        source = ipython_to_python(code)
         if source is None:
             return CellNames()
         tree = _parse(source)
         if tree is None:
             return CellNames(parse_error=True)
     try:
-        return _analyse(tree)
+        return _analyse(tree, modules or {})
     except RecursionError:
         return CellNames(parse_error=True)
 
@@ -142,8 +169,13 @@ def _parse(source: str) -> ast.Module | None:
     return tree if isinstance(tree, ast.Module) else None
 
 
-def _ipython_to_python(code: str) -> str | None:
-    """The cell with IPython syntax replaced, or ``None`` for a non-Python cell magic."""
+def ipython_to_python(code: str) -> str | None:
+    """The cell with IPython syntax replaced, or ``None`` for a non-Python cell magic.
+
+    Plain Python comes back unchanged.
+    """
+    if _parse(code) is not None:
+        return code
     lines = code.splitlines()
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is not None and lines[first].lstrip().startswith("%%"):
@@ -167,6 +199,8 @@ def _python_line(line: str) -> str:
         return line
     if stripped.startswith("%"):
         words = stripped[1:].split(None, 1)
+        if words and words[0] == "run":
+            return f"{indent}from {RUN_MODULE} import *"
         if words and words[0] in _TIMING_LINE_MAGICS and len(words) > 1:
             statement = _drop_options(words[1])
             if statement:
@@ -193,7 +227,32 @@ def _drop_options(rest: str) -> str:
 # -- analysis -------------------------------------------------------------------
 
 
-def _analyse(tree: ast.Module) -> CellNames:
+def _imports(stmts: Iterable[ast.stmt]) -> list[tuple[str, str, str]]:
+    """(name, bound dotted, full dotted) for module-level imports, outside function bodies."""
+    found: list[tuple[str, str, str]] = []
+    stack: list[ast.AST] = list(stmts)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                first = alias.name.partition(".")[0]
+                found.append((alias.asname or first, alias.name if alias.asname else first,
+                              alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.module != RUN_MODULE:
+            module = node.module or ""
+            for alias in node.names:
+                dotted = f"{module}.{alias.name}".lstrip(".")
+                if alias.name == "*":
+                    found.append(("*", module, module))
+                else:
+                    found.append((alias.asname or alias.name, dotted, dotted))
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _analyse(tree: ast.Module, modules: Mapping[str, str]) -> CellNames:
     defined: dict[str, None] = {}
     deleted: set[str] = set()
     mutated: set[str] = set()
@@ -226,12 +285,20 @@ def _analyse(tree: ast.Module) -> CellNames:
     exposure = _Exposure()
     exposure.block(tree.body, set())
     exposed = exposure.exposed
+    effects = call_effects(tree, modules)
+    mutated |= effects.mutated
+    exposed |= effects.used
+    for name in effects.defined:
+        defined[name] = None
+    deleted |= effects.deleted
     names = frozenset(defined)
     return CellNames(
         defined=names,
         used=frozenset(exposed - BUILTIN_NAMES),
         deleted=frozenset(deleted),
         mutated=frozenset(mutated),
+        links=effects.links,
+        imports=tuple(_imports(tree.body)),
         imported=frozenset(n for n in names if kinds.get(n) == {"import"}),
         functions=tuple(
             FunctionNames(

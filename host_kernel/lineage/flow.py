@@ -20,7 +20,33 @@ The model, and its documented approximations:
   edges. ``del name`` clears it. A name mutated in place (``rows.append(x)``)
   keeps its old taint and gains the incoming set.
 * **Imports** bind modules, not data: their names get no taint, and method
-  calls on them (``json.dump(obj, fh)``) are not mutations.
+  calls on them (``json.dump(obj, fh)``) are not mutations. Except
+  **workspace modules**: code in the workspace is an input of what it
+  computes. When a cell that imports ``X`` (``import X``, ``from X import
+  f``, ``import pkg.X as m``) directly read a file holding ``X`` or one of
+  its parent packages (``X.py``, ``pkg/X.py``, ``pkg/__init__.py``, see
+  ``knowledge.module_files_match``), the imported name gets that read as its
+  taint, and the tracker remembers it for the module, so a later import that
+  Python serves from its cache gets it too.
+* **Linked names** (``defuse``'s ``links``: ``fig, ax = plt.subplots()``,
+  ``ax = fig.add_subplot()``, ``ax = axes[0]``) refer to one object: the
+  tracker keeps them in one group until a name is rebound or deleted. When a
+  cell mutates a member (``ax.plot(x)``), every member gets the union of the
+  group's taints; a member bound by the cell gets the taint of the members it
+  joined. pyplot's current figure is the pseudo-name
+  ``knowledge.CURRENT_FIGURE``: drawing on it mutates it, ``plt.savefig``
+  uses it, ``plt.figure()`` rebinds it and ``plt.close()`` deletes it.
+* **Unknown names.** ``from m import *`` and a ``%run`` whose script is not
+  known bind names that cannot be listed; their taint accumulates in the
+  pseudo-name ``knowledge.UNKNOWN_NAMES``, and a name used later that the
+  tracker has never seen bound gets that taint (except names the kernel
+  binds itself, ``knowledge.KERNEL_NAMES``, and names starting with ``_``).
+* **Pieces of one cell.** ``host_kernel.lineage.statements`` may feed a cell
+  as several pieces. ``continues=True`` says a piece belongs to the same run
+  as the previous call: a file written by several pieces of one run gets the
+  union of their inputs. ``conditional=True`` says the piece may not run, or
+  may run many times (a loop body): the names it binds keep their old taint
+  and gain the new, like a mutation.
 * **Functions and classes** (bound by ``def``/``class``) get, at definition,
   the taint of what their definition reads (decorators, defaults, base
   classes, class bodies; for a class also the cell's direct reads, since a
@@ -62,6 +88,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .defuse import BUILTIN_NAMES, CellNames, cell_names
+from .knowledge import KERNEL_NAMES, UNKNOWN_NAMES, module_files_match
 
 __all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "TRACED", "FlowTracker", "Source",
            "file_key"]
@@ -171,6 +198,15 @@ class FlowTracker:
         # receipt writes noted since the last observed cell, merged into it
         self._pending: dict[str, tuple[Source, ...]] = {}
         self._cell_order: dict[str, int] = {}
+        # imported name -> dotted module it is bound to (for ``cell_names``)
+        self._aliases: dict[str, str] = {}
+        # dotted workspace module -> the reads of its source
+        self._module_sources: dict[str, tuple[Source, ...]] = {}
+        # linked name -> the names that refer to the same object
+        self._groups: dict[str, frozenset[str]] = {}
+        # which run of a cell last wrote each file (see ``continues``)
+        self._run = 0
+        self._written_in: dict[str, int] = {}
 
     # -- the Host's calls -------------------------------------------------------
 
@@ -183,17 +219,24 @@ class FlowTracker:
         *,
         renames: Sequence[tuple[str, str]] = (),
         removes: Sequence[str] = (),
+        continues: bool = False,
+        conditional: bool = False,
     ) -> None:
-        """Record one executed cell.
+        """Record one executed cell (or one piece of it).
 
         ``sources_read``: what the cell read directly (files seen by capture,
         artifacts loaded by id, receipts). ``files_written``: workspace-relative
         paths it wrote. ``renames`` moves a file's inputs to its new name (the
         new name should also be in ``files_written``, as capture reports it);
         ``removes`` forgets files that are gone, unless also written.
+        ``continues``: this call is a later piece of the run the previous call
+        recorded; ``conditional``: the piece may run zero or many times (see
+        the module docstring).
         """
         self._cell_order.setdefault(cell_id, len(self._cell_order))
-        names = cell_names(code)
+        if not continues:
+            self._run += 1
+        names = cell_names(code, modules=self._aliases)
         direct = _Collector(self._max)
         direct.extend(sources_read)
         used = set(names.used)
@@ -202,7 +245,7 @@ class FlowTracker:
         flowing, flowing_truncated = self._resolve(used)
 
         written = dict.fromkeys(files_written)
-        self._write_files(written, direct, flowing, flowing_truncated)
+        self._write_files(cell_id, written, direct, flowing, flowing_truncated)
         for relpath, inputs in self._pending.items():
             if relpath not in written:
                 continue
@@ -219,7 +262,7 @@ class FlowTracker:
             if relpath not in written:
                 self._files.pop(relpath, None)
 
-        self._update_names(names, direct, flowing, flowing_truncated)
+        self._update_names(names, direct, flowing, flowing_truncated, conditional)
 
     def note_receipt_write(
         self,
@@ -258,6 +301,8 @@ class FlowTracker:
         self._names.clear()
         self._modules.clear()
         self._pending.clear()
+        self._aliases.clear()
+        self._groups.clear()
 
     def fork(self) -> FlowTracker:
         """An independent copy, for asking "what if this cell ended now" (cheap:
@@ -268,6 +313,11 @@ class FlowTracker:
         twin._files = dict(self._files)
         twin._pending = dict(self._pending)
         twin._cell_order = dict(self._cell_order)
+        twin._aliases = dict(self._aliases)
+        twin._module_sources = dict(self._module_sources)
+        twin._groups = dict(self._groups)
+        twin._run = self._run
+        twin._written_in = dict(self._written_in)
         return twin
 
     def __deepcopy__(self, memo: dict[int, object]) -> FlowTracker:
@@ -311,6 +361,10 @@ class FlowTracker:
                 continue
             seen.add(name)
             taint = self._names.get(name)
+            if taint is None and name.isidentifier() and not name.startswith("_") \
+                    and name not in KERNEL_NAMES:
+                # never seen bound: perhaps by a star import or an unknown %run
+                taint = self._names.get(UNKNOWN_NAMES)
             if taint is None:
                 continue
             collector.extend(taint.sources)
@@ -324,6 +378,7 @@ class FlowTracker:
 
     def _write_files(
         self,
+        cell_id: str,
         written: Iterable[str],
         direct: _Collector,
         flowing: tuple[Source, ...],
@@ -331,7 +386,10 @@ class FlowTracker:
     ) -> None:
         collector = _Collector(self._max)
         collector.extend(direct.result())
-        collector.extend(replace(s, method=DEF_USE) for s in flowing)
+        # A read of this same cell that reached the write through a name keeps how it was
+        # found (traced, observed); only reads of earlier cells arrive by def-use.
+        collector.extend(s if s.via_cell == cell_id else replace(s, method=DEF_USE)
+                         for s in flowing)
         candidates = collector.result()
         truncated = direct.truncated or flowing_truncated or collector.truncated
         # every file the cell wrote shares one tuple, unless it is among its
@@ -339,13 +397,24 @@ class FlowTracker:
         shared = _FileInputs(candidates, truncated)
         keys = {s.key for s in candidates}
         for relpath in written:
+            earlier = self._files.get(relpath) if self._written_in.get(relpath) == self._run \
+                else None
             if file_key(relpath) not in keys:
-                self._files[relpath] = shared
-                continue
-            sources = self._without_self(relpath, candidates)
-            self._files[relpath] = _FileInputs(
-                sources, truncated or self._inherits_truncation(relpath, candidates)
-            )
+                inputs = shared
+            else:
+                sources = self._without_self(relpath, candidates)
+                inputs = _FileInputs(
+                    sources, truncated or self._inherits_truncation(relpath, candidates)
+                )
+            if earlier is not None:
+                # written by an earlier piece of the same run: both pieces' inputs
+                merged = _Collector(self._max)
+                merged.extend(earlier.sources)
+                merged.extend(inputs.sources)
+                inputs = _FileInputs(merged.result(),
+                                     earlier.truncated or inputs.truncated or merged.truncated)
+            self._files[relpath] = inputs
+            self._written_in[relpath] = self._run
 
     def _without_self(self, relpath: str, candidates: tuple[Source, ...]) -> tuple[Source, ...]:
         """Drop the file itself; carry over its previous inputs if it was one."""
@@ -386,6 +455,7 @@ class FlowTracker:
         direct: _Collector,
         flowing: tuple[Source, ...],
         flowing_truncated: bool,
+        conditional: bool = False,
     ) -> None:
         incoming = _Collector(self._max)
         incoming.extend(direct.result())
@@ -395,24 +465,17 @@ class FlowTracker:
             truncated=direct.truncated or flowing_truncated or incoming.truncated,
         )
         functions = {f.name: f for f in names.functions}
+        modules = self._module_taints(names, direct.result())
         updates: dict[str, _Taint] = {}
 
         for name in names.mutated - names.defined:
             if name in self._modules or (name in BUILTIN_NAMES and name not in self._names):
                 continue
-            old = self._names.get(name, _Taint())
-            merged = _Collector(self._max)
-            merged.extend(old.sources)
-            merged.extend(value.sources)
-            updates[name] = _Taint(
-                sources=merged.result(),
-                truncated=old.truncated or value.truncated or merged.truncated,
-                late=old.late,
-            )
+            updates[name] = self._merged(self._names.get(name, _Taint()), value)
 
         for name in names.defined:
             if name in names.imported:
-                updates[name] = _Taint()
+                updates[name] = modules.get(name, _Taint())
                 continue
             function = functions.get(name)
             if function is None:
@@ -430,13 +493,93 @@ class FlowTracker:
                 truncated=defined_truncated or at_definition.truncated,
                 late=function.when_called - {name},
             )
+        if conditional:
+            # the piece may not run: what the names held before may still be there
+            for name in names.defined:
+                old = self._names.get(name)
+                if old is not None:
+                    updates[name] = self._merged(old, updates[name])
 
         for name in names.deleted:
             self._names.pop(name, None)
             self._modules.discard(name)
+            self._aliases.pop(name, None)
         for name, taint in updates.items():
             self._names[name] = taint
             if name in names.imported:
                 self._modules.add(name)
             elif name in names.defined:
                 self._modules.discard(name)
+                self._aliases.pop(name, None)
+        for name, bound, _ in names.imports:
+            if name in names.imported:
+                self._aliases[name] = bound
+        self._link(names, conditional)
+
+    def _merged(self, old: _Taint, new: _Taint) -> _Taint:
+        merged = _Collector(self._max)
+        merged.extend(old.sources)
+        merged.extend(new.sources)
+        return _Taint(
+            sources=merged.result(),
+            truncated=old.truncated or new.truncated or merged.truncated,
+            late=old.late | new.late,
+        )
+
+    def _module_taints(self, names: CellNames,
+                       direct: tuple[Source, ...]) -> dict[str, _Taint]:
+        """Taint of each imported name: the reads of workspace files holding its module."""
+        files = [(s.key.removeprefix("file:"), s) for s in direct if s.key.startswith("file:")]
+        taints: dict[str, _Taint] = {}
+        for name, _, full in names.imports:
+            parts = full.split(".")
+            collector = _Collector(self._max)
+            for end in range(1, len(parts) + 1):
+                dotted = ".".join(parts[:end])
+                found = tuple(s for path, s in files if module_files_match(dotted, path))
+                if found:
+                    self._module_sources[dotted] = found
+                collector.extend(self._module_sources.get(dotted, ()))
+            if collector.result():
+                previous = taints.get(name, _Taint())
+                taints[name] = self._merged(previous, _Taint(collector.result(),
+                                                             collector.truncated))
+        return taints
+
+    def _leave_group(self, name: str) -> None:
+        group = self._groups.pop(name, None)
+        if group is None:
+            return
+        rest = group - {name}
+        for member in rest:
+            if len(rest) > 1:
+                self._groups[member] = rest
+            else:
+                self._groups.pop(member, None)
+
+    def _link(self, names: CellNames, conditional: bool) -> None:
+        """Keep linked names in groups and share taint within a touched group."""
+        rebound = set(names.deleted) if conditional else set(names.defined) | names.deleted
+        for name in rebound:
+            self._leave_group(name)
+        for link in names.links:
+            members = set(link) - names.deleted
+            for member in list(members):
+                if member not in rebound:
+                    members |= self._groups.get(member, frozenset())
+            if len(members) < 2:
+                continue
+            group = frozenset(members)
+            for member in group:
+                self._groups[member] = group
+        touched = {self._groups[n] for n in names.mutated | names.defined if n in self._groups}
+        for group in touched:
+            present = [m for m in sorted(group) if m in self._names]
+            mutated = any(m in names.mutated for m in group)
+            joined = [m for m in present if mutated or m not in names.defined]
+            shared = _Taint()
+            for member in joined:
+                shared = self._merged(shared, replace(self._names[member], late=frozenset()))
+            for member in present:
+                if mutated or member in names.defined:
+                    self._names[member] = self._merged(self._names[member], shared)

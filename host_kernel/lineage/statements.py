@@ -1,116 +1,527 @@
-"""Feeding one cell to the flow tracker, statement by statement where the code says which.
+"""Feeding one cell to the flow tracker in pieces, so that reads reach only what they fed.
 
 Owns the split of a cell into the pieces whose reads and writes can be told
-apart (host_kernel/lineage/flow.py takes a cell as its unit), from the cell's
-code and the paths it read and wrote. Pure: no I/O.
+apart (``host_kernel.lineage.flow`` takes a cell as its unit), from the
+cell's code and the paths it read and wrote, which arrive without saying
+which statement made them. Pure: no I/O (a ``%run`` script's text comes from
+the caller's ``source_of``).
+
+The rules:
+
+* **Pieces.** Each top-level statement is a piece, cut at its own source
+  segment (several statements on one line are several pieces; a decorated
+  definition keeps its decorators). A top-level ``for``/``while`` is cut
+  further: its header is a piece (binding the loop target), and each
+  statement of its body is a piece fed as *conditional* (it may run zero or
+  many times: what it binds keeps its old taint and gains the new), which
+  also uses the names the header reads (the loop's control), and the body is
+  fed several times so that values carried from one iteration to the next
+  are followed. Nested loops are cut the same way. A ``for`` over a short
+  display of constants (``for name in ['a', 'b']:``) is unrolled instead:
+  each iteration's pieces see the target's own value, so
+  ``f'out/{name}.txt'`` names one file per iteration, and they rebind as
+  usual (they are conditional only if the body can ``break``,
+  ``continue``, ``return`` or ``raise``).
+* **Which piece read a path.** Each piece names path *patterns*: the
+  arguments and receivers of its calls, evaluated statically with the
+  bindings made earlier in the cell (``host_kernel.lineage.paths``:
+  literals, f-strings, ``os.path.join``, ``Path(d) / 'x.csv'``, a variable
+  holding a path, ``glob`` patterns, the target of a ``for`` over a glob).
+  A pattern with a part that cannot be known (``f'data/{run}.csv'`` with
+  ``run`` from another cell) names one file: in a piece that runs once it
+  leaves out the files another piece names exactly, unless it would then
+  match nothing (a glob keeps them all).
+  A read belongs to the pieces whose patterns match it, to the import
+  statements whose module the file holds (``knowledge.module_files_match``),
+  and to the statements of a ``%run`` script when it is the script itself.
+  A read that matches a pattern inside a function body belongs to the
+  definition and every piece after it (the function may be called there). A
+  read no piece names belongs to every piece.
+* **Which piece wrote a path.** The pieces whose patterns match it, then
+  every later piece that uses a name bound or mutated by one of them
+  (``fh = open('o', 'w')`` then ``fh.write(data)``). A file written by
+  several pieces gets the union of their inputs (``continues``). A written
+  path no piece names is given to every piece, which amounts to the whole
+  cell's reads for that file.
+* **Magics.** IPython syntax is turned into Python first
+  (``defuse.ipython_to_python``); a non-Python cell magic is fed whole.
+  ``%run script.py`` (with options such as ``-i``) at the top level is
+  replaced by the script's statements when ``source_of`` returns its text
+  (IPython binds the script's top-level names in the user namespace); their
+  pieces then behave as if the cell had them. Without ``source_of``, or when
+  the script is unknown or does not parse, ``%run`` binds unknown names: the
+  pseudo-name ``knowledge.UNKNOWN_NAMES`` gets the piece's taint and any
+  name never seen bound gets it when used (see ``flow``). ``%run -m``
+  counts as unknown. ``%time``/``%%time``/``%%capture`` bodies are
+  analysed as Python.
+* A cell that does not parse, or that makes a single piece, is fed whole.
 """
 
 from __future__ import annotations
 
 import ast
-import os
+import fnmatch
+import functools
+import re
+import shlex
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
+from .defuse import RUN_MODULE, CellNames, cell_names, ipython_to_python
 from .flow import FlowTracker, Source
+from .knowledge import UNKNOWN, module_files_match
+from .paths import PathEnv
 
 __all__ = ["observe"]
 
-
-def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
-            writes: list[str], renames: list[tuple[str, str]], removes: list[str]) -> None:
-    """Feed one cell to the tracker, statement by statement where the code says which.
-
-    The tracker's unit is a cell: every name a cell binds gets every read of the
-    cell. When each file the cell wrote is named by a string literal in its
-    top-level statements, the cell is fed as one pseudo-cell per statement, each
-    with the reads whose path a literal in it names (reads named nowhere go to
-    every statement), so a decoy opened beside the real input in the same cell
-    stays out. Otherwise (dynamic paths, magics, one statement) the cell is fed
-    whole, the documented over-approximation.
-    """
-    split = _statements(code, [p for p, _ in sources], writes)
-    if split is None:
-        tracker.observe_cell(cell_id, code, [s for _, s in sources], writes,
-                             renames=renames, removes=removes)
-        return
-    parts, write_owner = split
-    last = len(parts) - 1
-    for i, (segment, reads_here) in enumerate(parts):
-        tracker.observe_cell(
-            cell_id, segment, [s for (p, s) in sources if p in reads_here],
-            [w for w in writes if write_owner[w] == i],
-            renames=renames if i == last else (), removes=removes if i == last else ())
-
-
 #: host calls whose path argument names a file without reading or writing its bytes here.
 _NOT_IO = frozenset({"save_artifact", "lineage", "artifacts"})
+#: a loop's body is fed at most this many times
+_MAX_PASSES = 3
+#: more pieces than this: loops are not cut
+_MAX_PIECES = 400
+#: a loop over at most this many constants is cut iteration by iteration
+_MAX_UNROLLED = 8
+#: pieces times reads beyond which the cell is fed whole (matching would be slow)
+_MAX_WORK = 2_000_000
+_RUN_CALL = "__host_kernel_run_script__"
+
+SourceOf = Callable[[str], "str | None"]
 
 
-def _call_literals(node: ast.AST) -> set[str]:
-    """String literals given (directly or inside an expression) as arguments of a call.
+@dataclass
+class _Piece:
+    code: str
+    patterns: set[str] = field(default_factory=set)
+    #: patterns named inside function bodies: the function may be called later
+    deferred: set[str] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)
+    script: str | None = None
+    conditional: bool = False
 
-    ``open('a.csv')``, ``pd.read_csv('a.csv')``, ``Path('data') / 'a.csv'`` name files;
-    ``p = 'a.csv'`` on its own does not say where the file is used, so it does not count.
+
+def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
+            writes: list[str], renames: list[tuple[str, str]], removes: list[str], *,
+            source_of: SourceOf | None = None) -> None:
+    """Feed one cell to the tracker, in pieces where the code says which read went where.
+
+    ``sources``: (path as read, source) for each direct read of the cell;
+    ``writes``: the workspace paths it wrote; ``renames``/``removes`` as for
+    :meth:`FlowTracker.observe_cell`. ``source_of(path)`` returns the text of
+    a workspace file named by ``%run`` (the path as written in the magic,
+    relative to the kernel's working directory) or ``None``; without it
+    ``%run`` binds unknown names (see the module docstring).
     """
-    found: set[str] = set()
-    for call in ast.walk(node):
-        if not isinstance(call, ast.Call):
-            continue
-        name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(
-            call.func, "id", None)
-        if name in _NOT_IO:
-            continue
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            for c in ast.walk(arg):
-                if isinstance(c, ast.Constant) and isinstance(c.value, str) \
-                        and 0 < len(c.value) < 4096 and "\x00" not in c.value:
-                    found.add(os.path.normpath(c.value))
-    if isinstance(node, (ast.With, ast.AsyncWith)):
-        for item in node.items:
-            found |= _call_literals(item.context_expr)
-    return found
+    pieces, whole = _pieces(code, source_of)
+    if pieces is None or len(pieces) < 2 or len(pieces) * len(sources) > _MAX_WORK:
+        tracker.observe_cell(cell_id, whole, [s for _, s in sources], writes,
+                             renames=renames, removes=removes)
+        return
+    read_paths = list(dict.fromkeys(p for p, _ in sources))
+    reads_of = _reads_of(pieces, read_paths)
+    writes_of = _writes_of(pieces, writes)
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        tracker.observe_cell(
+            cell_id, piece.code, [s for (p, s) in sources if p in reads_of[i]],
+            [w for w in writes if i in writes_of[w]],
+            renames=renames if i == last else (), removes=removes if i == last else (),
+            continues=i > 0, conditional=piece.conditional)
 
 
-def _statements(code: str, read_paths: list[str], writes: list[str]
-                ) -> tuple[list[tuple[str, set[str]]], dict[str, int]] | None:
-    """Top-level statements with the reads each may have made, and each write's statement."""
+# -- attribution ------------------------------------------------------------------
+
+
+class _Matcher:
+    """Which of a cell's paths each pattern written in the cell matches.
+
+    ``*`` (and ``knowledge.UNKNOWN``) stand for any run of characters; a
+    pattern may be relative to a folder below the workspace root, so
+    ``a.csv`` matches ``data/a.csv``. Plain patterns are looked up in a table
+    of path suffixes, the others matched with one compiled regex each.
+    """
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = list(dict.fromkeys(paths))
+        self._cache: dict[str, frozenset[str]] = {}
+        self._suffixes: dict[str, set[str]] = {}
+        for path in self.paths:
+            parts = path.split("/")
+            for start in range(len(parts)):
+                self._suffixes.setdefault("/".join(parts[start:]), set()).add(path)
+
+    def __call__(self, pattern: str) -> frozenset[str]:
+        found = self._cache.get(pattern)
+        if found is None:
+            found = self._match(pattern)
+            self._cache[pattern] = found
+        return found
+
+    def _match(self, pattern: str) -> frozenset[str]:
+        query = pattern.replace(UNKNOWN, "*").removeprefix("./")
+        if not any(c in query for c in "*?["):
+            return frozenset(self._suffixes.get(query, ()))
+        whole = re.compile(fnmatch.translate(query))
+        below = re.compile(fnmatch.translate("*/" + query))
+        return frozenset(p for p in self.paths if whole.match(p) or below.match(p))
+
+    def any_of(self, patterns: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        for pattern in patterns:
+            found |= self(pattern)
+        return found
+
+
+def _plain(pattern: str) -> bool:
+    return not any(c in pattern for c in "*?[" + UNKNOWN)
+
+
+def _single(pattern: str) -> bool:
+    """A pattern for one file whose name is partly unknown (not a glob)."""
+    return UNKNOWN in pattern and not any(c in pattern for c in "*?[")
+
+
+def _deferred(pieces: Sequence[_Piece], match: _Matcher) -> dict[str, int]:
+    """Path -> the first piece defining a function whose body names it."""
+    first: dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        for path in match.any_of(piece.deferred):
+            first.setdefault(path, i)
+    return first
+
+
+def _reads_of(pieces: Sequence[_Piece], read_paths: list[str]) -> list[set[str]]:
+    match = _Matcher(read_paths)
+    exact: dict[str, set[int]] = {}
+    for i, piece in enumerate(pieces):
+        for path in match.any_of(q for q in piece.patterns if _plain(q)):
+            exact.setdefault(path, set()).add(i)
+    modules = {m for piece in pieces for m in piece.modules}
+    module_files = {m: {p for p in match.paths if module_files_match(m, p)} for m in modules}
+    reads_of: list[set[str]] = [set() for _ in pieces]
+    for i, piece in enumerate(pieces):
+        for pattern in piece.patterns:
+            matched: set[str] = set(match(pattern))
+            if matched and _single(pattern) and not piece.conditional:
+                # one file, run once: not one another statement names exactly, if it can
+                unclaimed = {p for p in matched if not exact.get(p, set()) - {i}}
+                matched = unclaimed or matched
+            reads_of[i] |= matched
+        if piece.script:
+            reads_of[i] |= match(piece.script)
+        for module in piece.modules:
+            reads_of[i] |= module_files[module]
+    for path, start in _deferred(pieces, match).items():
+        for i in range(start, len(pieces)):
+            reads_of[i].add(path)
+    owned = set().union(*reads_of)
+    for path in match.paths:
+        if path not in owned:
+            for reads in reads_of:
+                reads.add(path)
+    return reads_of
+
+
+def _writes_of(pieces: Sequence[_Piece], writes: list[str]) -> dict[str, set[int]]:
+    match = _Matcher(writes)
+    named: dict[str, set[int]] = {}
+    for i, piece in enumerate(pieces):
+        for path in match.any_of(piece.patterns):
+            named.setdefault(path, set()).add(i)
+    for path, start in _deferred(pieces, match).items():
+        named.setdefault(path, set()).update(range(start, len(pieces)))
+    analysed: dict[int, CellNames] = {}
+    out: dict[str, set[int]] = {}
+    for path in writes:
+        owners = set(named.get(path, ()))
+        if not owners:
+            out[path] = set(range(len(pieces)))
+            continue
+        carried: set[str] = set()
+        for i in range(min(owners), len(pieces)):
+            names = analysed.get(id(pieces[i]))
+            if names is None:
+                names = analysed[id(pieces[i])] = cell_names(pieces[i].code)
+            if i in owners or names.used & carried or names.mutated & carried:
+                owners.add(i)
+                carried |= names.defined
+        out[path] = owners
+    return out
+
+
+# -- cutting the cell -------------------------------------------------------------
+
+
+def _pieces(code: str, source_of: SourceOf | None) -> tuple[list[_Piece] | None, str]:
+    """The pieces of a cell, or ``None`` with the code to feed whole."""
+    marked = _mark_runs(code)
+    python = ipython_to_python(marked)
+    if python is None:
+        return None, code
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-    if len(tree.body) < 2 or not (read_paths or writes):
-        return None
-    lines = code.splitlines(keepends=True)
-    segments: list[str] = []
-    literals: list[set[str]] = []
+        tree = ast.parse(python)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None, code
+    units: list[tuple[ast.stmt, str, str | None]] = []
+    inlined = False
     for node in tree.body:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        segments.append("".join(lines[start - 1:node.end_lineno]))
-        literals.append(_call_literals(node))
+        script = _run_target(node)
+        if script is None:
+            units.append((node, python, None))
+            continue
+        body = _script_body(script, source_of)
+        if body is None:
+            units.append((ast.ImportFrom(module=RUN_MODULE, names=[ast.alias(name="*")],
+                                         level=0), "", None))
+            inlined = True
+            continue
+        text, statements = body
+        units.extend((stmt, text, script) for stmt in statements)
+        inlined = True
+    whole = ast.unparse(ast.Module(body=[u for u, _, _ in units], type_ignores=[])) \
+        if inlined else code
+    for passes in (_MAX_PASSES, 1, 0):
+        cutter = _Cutter(passes)
+        try:
+            for node, text, script in units:
+                cutter.top(node, text, script)
+        except RecursionError:
+            return None, whole
+        if len(cutter.pieces) <= _MAX_PIECES:
+            return cutter.pieces, whole
+    return None, whole
 
-    named = [i for i, lits in enumerate(literals) if lits]
 
-    def owners(path: str) -> list[int]:
-        exact = [i for i in named if path in literals[i]]
-        if exact:
-            return exact
-        base = path.rpartition("/")[2]
-        return [i for i in named if base in literals[i]]
+def _mark_runs(code: str) -> str:
+    """Top-level ``%run`` lines become calls that :func:`_run_target` recognises."""
+    try:
+        ast.parse(code)
+        return code  # plain Python: a "%run" line is inside a string
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    lines = code.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("%run ") or line == "%run":
+            lines[i] = f"{_RUN_CALL}({line[5:].strip()!r})"
+    return "\n".join(lines)
 
-    write_owner: dict[str, int] = {}
-    for w in writes:
-        found = owners(w)
-        if not found:
-            return None  # a file written through a path we cannot see: feed the cell whole
-        write_owner[w] = found[-1]
-    reads_of: list[set[str]] = [set() for _ in segments]
-    everywhere: set[str] = set()
-    for p in read_paths:
-        found = owners(p)
-        if not found:
-            everywhere.add(p)
-        for i in found:
-            reads_of[i].add(p)
-    if read_paths and len(everywhere) == len(read_paths) and not writes:
-        return None  # no statement names a read: splitting would change nothing
-    parts = [(segment, everywhere | reads_of[i]) for i, segment in enumerate(segments)]
-    return parts, write_owner
+
+def _run_target(node: ast.stmt) -> str | None:
+    """The script of a marked ``%run`` line ("" when it cannot be a workspace file)."""
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name) and node.value.func.id == _RUN_CALL):
+        return None
+    arg = node.value.args[0] if node.value.args else None
+    text = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else ""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    for word in words:
+        if word == "-m":
+            return ""
+        if not word.startswith("-"):
+            return word
+    return ""
+
+
+def _script_body(path: str, source_of: SourceOf | None) -> tuple[str, list[ast.stmt]] | None:
+    if not path or source_of is None:
+        return None
+    text = source_of(path)
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return text, tree.body
+
+
+class _Cutter:
+    """Walks the statements in order, with the path bindings made so far."""
+
+    def __init__(self, passes: int) -> None:
+        self.passes = passes
+        self.env = PathEnv()
+        self.pieces: list[_Piece] = []
+
+    def top(self, node: ast.stmt, text: str, script: str | None) -> None:
+        if self.passes and isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            self.pieces.extend(self._loop(node, text, script, "", False))
+            return
+        self.pieces.append(self._piece(node, _segment(text, node, top=True), script))
+
+    def _loop(self, node: ast.For | ast.AsyncFor | ast.While, text: str,
+              script: str | None, control: str, conditional: bool) -> list[_Piece]:
+        header: ast.stmt
+        if isinstance(node, ast.While):
+            header = ast.While(test=node.test, body=[ast.Pass()], orelse=[])
+            reads: ast.AST = node.test
+        else:
+            header = type(node)(target=node.target, iter=node.iter, body=[ast.Pass()],
+                                orelse=[], type_comment=None)
+            reads = node.iter
+        ast.copy_location(header, node)
+        ast.fix_missing_locations(header)
+        head = self._piece(header, control + ast.unparse(header), script)
+        head.conditional = conditional
+        values = _constant_elements(node)
+        if values is not None and not conditional and not isinstance(node, ast.While):
+            return [head, *self._unrolled(node, values, text, script, control)]
+        loaded = sorted({n.id for n in ast.walk(reads)
+                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)})
+        inner = control + (f"({', '.join(loaded)},)\n" if loaded else "")
+        body: list[_Piece] = []
+        for stmt in node.body:
+            if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                body.extend(self._loop(stmt, text, script, inner, True))
+            else:
+                piece = self._piece(stmt, inner + _segment(text, stmt, top=False), script)
+                piece.conditional = True
+                body.append(piece)
+        after: list[_Piece] = []
+        for stmt in node.orelse:
+            piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+            piece.conditional = True
+            after.append(piece)
+        return [head, *body * max(1, min(self.passes, len(body))), *after]
+
+    def _unrolled(self, node: ast.For | ast.AsyncFor, values: list[str], text: str,
+                  script: str | None, control: str) -> list[_Piece]:
+        """A loop over a short list of constants, one iteration after the other, each
+        with the target's own value (so ``f'out/{name}.txt'`` names one file each)."""
+        # a body that may stop early does not certainly rebind what it binds
+        stops = any(isinstance(n, (ast.Break, ast.Continue, ast.Return, ast.Raise))
+                    for stmt in node.body for n in ast.walk(stmt))
+        pieces: list[_Piece] = []
+        for value in values:
+            self.env.bind(node.target, frozenset({value}))
+            for stmt in node.body:
+                if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                    pieces.extend(self._loop(stmt, text, script, control, True))
+                    continue
+                piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+                piece.conditional = stops
+                pieces.append(piece)
+        for stmt in node.orelse:
+            piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+            piece.conditional = True
+            pieces.append(piece)
+        return pieces
+
+    def _piece(self, node: ast.stmt, code: str, script: str | None) -> _Piece:
+        piece = _Piece(code=code, script=script)
+        self._visit(node, piece)
+        return piece
+
+    def _visit(self, node: ast.stmt, piece: _Piece) -> None:
+        """Collect a statement's patterns in execution order, binding as it goes."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._collect(node, piece, deferred=False)
+            return
+        bodies: list[ast.stmt] = []
+        for _, value in ast.iter_fields(node):
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                if isinstance(item, ast.stmt):
+                    bodies.append(item)
+                elif isinstance(item, ast.match_case):
+                    self._collect(item.pattern, piece, deferred=False)
+                    bodies.extend(item.body)
+                elif isinstance(item, ast.ExceptHandler):
+                    if item.type is not None:
+                        self._collect(item.type, piece, deferred=False)
+                    bodies.extend(item.body)
+                elif isinstance(item, ast.AST):
+                    self._collect(item, piece, deferred=False)
+        self.env.assign(node)
+        for stmt in bodies:
+            self._visit(stmt, piece)
+
+    def _collect(self, node: ast.AST, piece: _Piece, deferred: bool) -> None:
+        """Note the path patterns and modules a statement names (``deferred``: inside a
+        function body, where they all go to ``piece.deferred``)."""
+        stack: list[ast.AST] = [node]
+        while stack:
+            child = stack.pop()
+            if not deferred and isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                # decorators and defaults run here; the body when the function is called
+                stack.extend([*getattr(child, "decorator_list", []), *child.args.defaults,
+                              *(d for d in child.args.kw_defaults if d is not None)])
+                inner = _Piece(code="")
+                body = child.body if isinstance(child.body, list) else [child.body]
+                for stmt in body:
+                    self._collect(stmt, inner, deferred=True)
+                piece.deferred |= inner.deferred
+                continue
+            stack.extend(ast.iter_child_nodes(child))
+            if isinstance(child, ast.Import):
+                piece.modules.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                piece.modules.add(child.module)
+                piece.modules.update(f"{child.module}.{a.name}" for a in child.names)
+            if isinstance(child, ast.Call):
+                self._call_patterns(child, piece.deferred if deferred else piece.patterns)
+
+    def _call_patterns(self, call: ast.Call, into: set[str]) -> None:
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in _NOT_IO:
+            return
+        targets: list[ast.expr] = [*call.args, *(k.value for k in call.keywords)]
+        if isinstance(func, ast.Attribute):
+            targets.append(func.value)
+        for target in targets:
+            for expr in ast.walk(target):
+                if isinstance(expr, ast.expr):
+                    found = self.env.value(expr)
+                    if found:
+                        into.update(found)
+
+
+def _constant_elements(node: ast.For | ast.AsyncFor | ast.While) -> list[str] | None:
+    """The values of a ``for`` over a short display of string or integer constants."""
+    if isinstance(node, ast.While) or not isinstance(node.target, ast.Name) \
+            or not isinstance(node.iter, (ast.List, ast.Tuple)):
+        return None
+    elts = node.iter.elts
+    if not 0 < len(elts) <= _MAX_UNROLLED or not all(
+            isinstance(e, ast.Constant) and type(e.value) in (str, int) for e in elts):
+        return None
+    return [str(e.value) for e in elts if isinstance(e, ast.Constant)]
+
+
+@functools.lru_cache(maxsize=8)
+def _lines(text: str) -> list[bytes]:
+    return text.encode("utf-8", "surrogatepass").splitlines(keepends=True)
+
+
+def _segment(text: str, node: ast.stmt, *, top: bool) -> str:
+    """A statement's own source: its segment, decorators included; else it unparsed."""
+    found: str | None = None
+    end = node.end_lineno
+    if text and end is not None and node.end_col_offset is not None:
+        lines = _lines(text)
+        if top and hasattr(node, "body"):
+            # a compound statement starts its line; decorators come first
+            start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            raw = b"".join(lines[start - 1:end])
+        elif not hasattr(node, "body"):
+            if node.lineno == end:
+                raw = lines[end - 1][node.col_offset:node.end_col_offset]
+            else:
+                raw = b"".join([lines[node.lineno - 1][node.col_offset:],
+                                *lines[node.lineno:end - 1],
+                                lines[end - 1][:node.end_col_offset]])
+        else:
+            raw = b""
+        found = raw.decode("utf-8", "replace") if raw else None
+    if found is not None:
+        try:
+            ast.parse(found)
+            return found
+        except (SyntaxError, ValueError):
+            pass
+    return ast.unparse(node)
