@@ -20,6 +20,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,9 @@ class _Trio:
         self.untraced: Host | None = None
         self.bare: BareKernel | None = None
         self.straced: BareKernel | None = None
+        #: Each timed Host cell's ``Observation.duration`` (request sent to reply and idle
+        #: status received), by side: the rest of its time is the Host's work after the reply.
+        self.rounds: dict[str, list[float]] = {"traced": [], "untraced": []}
 
     def __enter__(self) -> _Trio:
         try:
@@ -130,27 +134,48 @@ class _Trio:
         if traced is None or untraced is None or bare is None:
             raise RuntimeError("the kernels are not started")
         out: list[Callable[[], float]] = [
-            lambda: run_cell(traced, code), lambda: run_cell(untraced, code),
+            lambda: self._host_cell(traced, code, self.rounds["traced"]),
+            lambda: self._host_cell(untraced, code, self.rounds["untraced"]),
             lambda: timed(lambda: bare.execute(code))]
         if self.straced is not None:
             straced = self.straced
             out.append(lambda: timed(lambda: straced.execute(code)))
         return out
 
+    @staticmethod
+    def _host_cell(host: Host, code: str, rounds: list[float]) -> float:
+        t0 = time.perf_counter()
+        obs = host.execute(code)
+        elapsed = time.perf_counter() - t0
+        if obs.status != "ok":
+            raise RuntimeError(f"benchmark cell {code!r} ended {obs.status}:\n{obs.text}")
+        rounds.append(obs.duration)
+        return elapsed
+
     def measure(self, code: str, n: int, warmup: int) -> list[tuple[float, ...]]:
         for _ in range(warmup):
             for run in self.sides(code):
                 run()
+        for kept in self.rounds.values():
+            kept.clear()
         return rotated(n, self.sides(code))
 
 
-def _result(name: str, target: float, times: list[tuple[float, ...]], *notes: str) -> Result:
-    """Host() against bare, with Host(trace=False) (and strace, when timed) in the notes."""
+def _result(name: str, target: float, times: list[tuple[float, ...]], *notes: str,
+            rounds: dict[str, list[float]] | None = None) -> Result:
+    """Host() against bare; Host(trace=False), strace (when timed) and the Hosts' kernel
+    round trips (``rounds``, when kept) go in the notes, each with its ratio to bare."""
     traced, untraced, bare = times[:3]
     t, u, b = (statistics.median(x) for x in (traced, untraced, bare))
     extra = [f"Host(trace=False) {fmt_seconds(u)} ({u / b:.3f}× bare, range "
              f"{fmt_seconds(min(untraced))}–{fmt_seconds(max(untraced))})",
              f"the tracer's own cost, Host() ÷ Host(trace=False): {t / u:.3f}×"]
+    if rounds is not None:
+        rt, ru = (statistics.median(rounds[k]) for k in ("traced", "untraced"))
+        extra.append(f"kernel round trip alone (`Observation.duration`, request sent to reply "
+                     f"and idle; the rest is the Host's work after the reply): Host() "
+                     f"{fmt_seconds(rt)} ({rt / b:.3f}× bare), Host(trace=False) "
+                     f"{fmt_seconds(ru)} ({ru / b:.3f}× bare)")
     if len(times) > 3:
         s = statistics.median(times[3])
         extra.append(f"bare kernel under `{' '.join(STRACE)}` {fmt_seconds(s)} "
@@ -179,7 +204,7 @@ def bench_trace_files(plan: Plan) -> Result:
              f"and the lineage bookkeeping, Host(trace=False) the audit hook's reports"]
     if why_no_strace is not None:
         notes.append(f"no strace figure: {why_no_strace}")
-    return _result("trace_files", 1.6, times, *notes)
+    return _result("trace_files", 1.6, times, *notes, rounds=trio.rounds)
 
 
 def _write_csv(path: Path, size: int) -> int:
@@ -222,8 +247,9 @@ def bench_trace_csv(plan: Plan) -> Result:
         code = f"_df = pd.read_csv('data.csv')\nassert len(_df) == {lines}\ndel _df"
         with _Trio(root, prepare, "import pandas as pd") as trio:
             times = trio.measure(code, n, warmup=1)
-    return _result("trace_csv", 1.05, times,
-                   f"{actual / MIB:.0f} MiB, {lines:,} rows × 9 columns; {n} cells each")
+        return _result("trace_csv", 1.05, times,
+                   f"{actual / MIB:.0f} MiB, {lines:,} rows × 9 columns; {n} cells each",
+                   rounds=trio.rounds)
 
 
 def bench_trace_numpy(plan: Plan) -> Result:
@@ -234,14 +260,15 @@ def bench_trace_numpy(plan: Plan) -> Result:
     with scratch() as root, _Trio(root, lambda work: None, setup) as trio:
         times = trio.measure(code, n, warmup=2)
     return _result("trace_numpy", 1.02, times,
-                   f"six 1000×1000 float64 matrix products, no I/O; {n} cells each")
+                   f"six 1000×1000 float64 matrix products, no I/O; {n} cells each",
+                   rounds=trio.rounds)
 
 
 def bench_trace_pass(plan: Plan) -> Result:
     n = plan.n(200, 30)
     with scratch() as root, _Trio(root, lambda work: None, "pass") as trio:
         times = trio.measure("pass", n, warmup=20)
-    return _result("trace_pass", 1.05, times, f"{n} cells each")
+    return _result("trace_pass", 1.05, times, f"{n} cells each", rounds=trio.rounds)
 
 
 def bench_trace_start(plan: Plan) -> Result:

@@ -86,6 +86,8 @@ class TraceLog:
         self.workspace = workspace
         root = str(workspace.root)
         self._roots = sorted({root, os.path.realpath(root)}, key=len, reverse=True)
+        self._record = tuple({str(workspace.record) + "/", os.path.realpath(workspace.record)
+                              + "/"})
         self._pending: list[tuple[Any, ...]] = []
         self._lock = threading.Lock()
         self.dropped = 0
@@ -141,12 +143,12 @@ class TraceLog:
         return self._shape(mine, since_wall_ns)
 
     def _relative(self, path: str) -> str | None:
+        if (path + "/").startswith(self._record):
+            return None  # the record is never an input (and hidden from the kernel)
         for root in self._roots:
             if path.startswith(root) and path[len(root):len(root) + 1] == "/":
                 rel = path[len(root) + 1:]
-                if not rel or self.workspace.in_record(self.workspace.root / rel):
-                    return None
-                return _source_of_bytecode(rel)
+                return _source_of_bytecode(rel) if rel else None
         return None
 
     def _shape(self, accesses: list[tuple[Any, ...]], since_wall_ns: int | None) -> TracedAccess:

@@ -217,8 +217,17 @@ def cached_sha256(root: Path, rel: str, cache: HashCache,
     is cached only if the key did not change while it was read.
     """
     hit = cache.get(rel)
-    if known is not None and hit is not None and hit[0] == known:
-        return hit[1]
+    if hit is not None:
+        if known is None:
+            # The warm path: one stat. A key equal to the cached one is the same file
+            # (inode, size, change time): even reached through a swapped folder, the
+            # bytes are those that were hashed.
+            try:
+                known = stat_key(os.stat(os.path.join(root, rel), follow_symlinks=False))
+            except OSError:
+                return None
+        if hit[0] == known:
+            return hit[1]
     try:
         f = _open_for_hash(Path(os.path.join(root, rel)), False, root)
     except (OSError, HostCallError):

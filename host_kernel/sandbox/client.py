@@ -12,6 +12,7 @@ enforce them (``init``, ``landlock``).
 from __future__ import annotations
 
 import marshal
+import mmap
 import os
 import shutil
 import signal
@@ -232,11 +233,21 @@ class Sandbox:
         #: The Host's end of the socket init sends traced accesses on (None: untraced).
         self._trace: socket.socket | None = None
         self._trace_lock = threading.Lock()
+        #: Shared with init: how many accesses it has seen (trace.py's Supervisor.bump).
+        self._counter: mmap.mmap | None = None
+        self._collected = 0
         if trace_roots is not None:
             self._trace, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             setup["trace_roots"] = list(trace_roots)
-            socket.send_fds(self._host_end, [marshal.dumps(setup)], [theirs.fileno()])
-            theirs.close()
+            counter_fd = os.memfd_create("host-kernel-trace", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(counter_fd, 8)
+                self._counter = mmap.mmap(counter_fd, 8)
+                socket.send_fds(self._host_end, [marshal.dumps(setup)],
+                                [theirs.fileno(), counter_fd])
+            finally:
+                os.close(counter_fd)
+                theirs.close()
         else:
             self._host_end.send(marshal.dumps(setup))
         self.hello: dict[str, Any] = {}
@@ -282,6 +293,9 @@ class Sandbox:
         if self._trace is None:
             return [], 0, None
         with self._trace_lock:
+            seen = int.from_bytes(self._counter[:8], "little") if self._counter else -1
+            if seen == self._collected:
+                return [], 0, None  # nothing new since the last collection: no round trip
             try:
                 self._trace.settimeout(REPLY_TIMEOUT)
                 self._trace.send(b"collect")
@@ -297,6 +311,7 @@ class Sandbox:
                     got += len(part)
             except (OSError, EOFError, ValueError, KeyError) as exc:
                 raise SandboxError(f"the tracer stopped answering: {exc}") from exc
+            self._collected = seen
         accesses: list[tuple[Any, ...]] = marshal.loads(b"".join(parts)) if size else []
         return accesses, int(head.get("dropped", 0)), head.get("error")
 
@@ -374,6 +389,9 @@ class Sandbox:
         self._host_end.close()
         if self._trace is not None:
             self._trace.close()
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
         with self._offer_lock:
             if self._offered is not None:
                 self._offered[1].close()

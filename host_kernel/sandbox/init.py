@@ -291,6 +291,7 @@ class _Spawner:
             self._poll.register(fds[0], select.POLLIN)
         elif self.trace_error is None:
             self.trace_error = str(message.get("error"))
+            self.supervisor.bump()  # so the Host asks, and hears why
 
     def serve(self, kernel_argv: list[str]) -> int:
         wake_r, wake_w = os.pipe()
@@ -465,7 +466,7 @@ def main(argv: list[str]) -> int:
     kernel_argv = argv[3:]
     # Interrupts are for the kernel: jupyter_client signals the whole process group.
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
-    data, setup_fds = recv_with_fds(ctl, _MAX_MSG, 1)
+    data, setup_fds = recv_with_fds(ctl, _MAX_MSG, 2)
     setup = marshal.loads(data)
     reason = None
     namespaces = False
@@ -494,9 +495,13 @@ def main(argv: list[str]) -> int:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     supervisor = trace = None
     roots = setup.get("trace_roots")
-    if roots is not None and setup_fds:
+    if roots is not None and len(setup_fds) == 2:
+        import mmap
+
         from .trace import Supervisor
-        supervisor = Supervisor(list(roots))
+        counter = mmap.mmap(setup_fds[1], 8)
+        os.close(setup_fds[1])
+        supervisor = Supervisor(list(roots), counter=counter)
         trace = _socket.socket(fileno=setup_fds[0])
     else:
         for fd in setup_fds:

@@ -75,6 +75,8 @@ _FD_SYNC_WAKE_UP = 1
 _NOTIF_SIZE = 80
 _ZEROS = bytes(_NOTIF_SIZE)
 _AT_FDCWD = -100
+#: The shared counter's layout (one unsigned 64-bit integer).
+_COUNT = struct.Struct("<Q")
 _AT_REMOVEDIR = 0x200
 _O_ACCMODE, _O_WRONLY, _O_RDWR, _O_CREAT, _O_TRUNC = 3, 1, 2, 0o100, 0o1000
 
@@ -164,10 +166,14 @@ class Supervisor:
     :meth:`take`; ``source`` is the one given to :meth:`add` for the listener
     (0 for the kernel's tree, a command's pid for a ``host.bash`` command).
     At most ``limit`` accesses are held; past it ``dropped`` counts the rest.
+    ``counter``, a shared 8-byte buffer (the Host maps the same memory), counts every
+    access kept or dropped so far: the Host skips asking when nothing new was seen.
     """
 
-    def __init__(self, roots: list[str], limit: int = 1_000_000) -> None:
+    def __init__(self, roots: list[str], limit: int = 1_000_000, counter: Any = None) -> None:
         self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
+        self.counter = counter
+        self.seen = 0
         self.sources: dict[int, int] = {}  # listener fd -> source
         self.accesses: list[tuple[Any, ...]] = []
         self.dropped = 0
@@ -279,12 +285,17 @@ class Supervisor:
             return
         if len(self.accesses) >= self.limit:
             self.dropped += 1
-            return
-        t = time.monotonic_ns()
-        if path2 is None:
-            self.accesses.append((t, source, kind, path))
+        elif path2 is None:
+            self.accesses.append((time.monotonic_ns(), source, kind, path))
         else:
-            self.accesses.append((t, source, kind, path, path2))
+            self.accesses.append((time.monotonic_ns(), source, kind, path, path2))
+        self.bump()
+
+    def bump(self) -> None:
+        """Say in the shared counter that there is something new to collect."""
+        self.seen += 1
+        if self.counter is not None:
+            _COUNT.pack_into(self.counter, 0, self.seen)
 
     def _mem_fd(self, tid: int) -> int:
         fd = self._mem.get(tid)
