@@ -25,8 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import (MIB, BareKernel, Plan, Result, fmt_seconds, run_cell, scratch,
-                            timed)
+from benchmarks.run import MIB, BareKernel, Plan, Result, fmt_seconds, run_cell, scratch, timed
 from host_kernel import Host
 
 __all__ = ["TRACING", "rotated"]
