@@ -165,15 +165,21 @@ class Supervisor:
     ``accesses`` holds ``(t_ns, source, kind, path[, path2])`` tuples until
     :meth:`take`; ``source`` is the one given to :meth:`add` for the listener
     (0 for the kernel's tree, a command's pid for a ``host.bash`` command).
-    At most ``limit`` accesses are held; past it ``dropped`` counts the rest.
+    The same access seen again before a collection is kept once more, with the
+    latest time it was seen (so it falls in the right cell's window); at most
+    ``limit`` distinct accesses are held, and past it ``dropped`` counts the rest.
     ``counter``, a shared 8-byte buffer (the Host maps the same memory), counts every
     access kept or dropped so far: the Host skips asking when nothing new was seen.
     """
 
-    def __init__(self, roots: list[str], limit: int = 1_000_000, counter: Any = None) -> None:
+    def __init__(self, roots: list[str], limit: int = 200_000, counter: Any = None) -> None:
         self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
         self.counter = counter
         self.seen = 0
+        #: (source, kind, path[, path2]) -> its entry in ``accesses``, and the latest
+        #: time it was seen again since.
+        self._index: dict[tuple[Any, ...], int] = {}
+        self._last: dict[tuple[Any, ...], int] = {}
         self.sources: dict[int, int] = {}  # listener fd -> source
         self.accesses: list[tuple[Any, ...]] = []
         self.dropped = 0
@@ -212,7 +218,10 @@ class Supervisor:
     def take(self) -> tuple[list[tuple[Any, ...]], int]:
         """Everything seen since the last take, and how many were dropped."""
         out, dropped = self.accesses, self.dropped
+        out += [(t, *key) for key, t in self._last.items()]
         self.accesses, self.dropped = [], 0
+        self._index.clear()
+        self._last.clear()
         return out, dropped
 
     def serve(self, listener: int) -> bool:
@@ -283,12 +292,16 @@ class Supervisor:
         if not path.startswith(self.roots) and not (
                 path2 is not None and path2.startswith(self.roots)):
             return
-        if len(self.accesses) >= self.limit:
+        key = (source, kind, path) if path2 is None else (source, kind, path, path2)
+        if key in self._index:
+            # Seen before this collection: keep the first and the latest time only (a
+            # cell that reads one file a million times holds two entries, not a million).
+            self._last[key] = time.monotonic_ns()
+        elif len(self.accesses) >= self.limit:
             self.dropped += 1
-        elif path2 is None:
-            self.accesses.append((time.monotonic_ns(), source, kind, path))
         else:
-            self.accesses.append((time.monotonic_ns(), source, kind, path, path2))
+            self._index[key] = len(self.accesses)
+            self.accesses.append((time.monotonic_ns(), *key))
         self.bump()
 
     def bump(self) -> None:

@@ -1,0 +1,138 @@
+"""The seccomp tracer on its own: a real filter, a real child process, the real supervisor.
+
+No kernel and no Host: a forked child installs the filter, hands its listener
+over, and execs a small Python program; this process serves the listener with
+:class:`~host_kernel.sandbox.trace.Supervisor` until the child exits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from host_kernel.sandbox import trace
+
+pytestmark = pytest.mark.skipif(trace.unavailable() is not None,
+                                reason=f"OS-level tracing cannot run here: {trace.unavailable()}")
+
+
+def _traced_run(code: str, cwd: Path, roots: list[str], *, limit: int = 200_000,
+                serve: bool = True) -> tuple[list[tuple[Any, ...]], int, str]:
+    """Run ``python -c code`` in ``cwd`` under the filter; (accesses, dropped, stdout)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: filter, hand over, exec (nothing watched in between)
+        try:
+            os.chdir(cwd)
+            listener = trace.install_filter()
+            socket.send_fds(theirs, [b"x"], [listener])
+            os.close(listener)
+            os.dup2(out_w, 1)
+            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", code])
+        finally:
+            os._exit(127)
+    os.close(out_w)
+    theirs.close()
+    _, fds, _, _ = socket.recv_fds(ours, 10, 1)
+    ours.close()
+    supervisor = trace.Supervisor(roots, limit=limit)
+    supervisor.add(fds[0], 0)
+    if not serve:
+        supervisor.close()  # nobody answers: every watched call must fail, not run unseen
+    poller = select.poll()
+    poller.register(out_r, select.POLLIN)
+    if serve:
+        poller.register(fds[0], select.POLLIN)
+    out = b""
+    while True:
+        for fd, mask in poller.poll(10_000):
+            if fd == out_r:
+                data = os.read(out_r, 65536)
+                if not data:
+                    os.close(out_r)
+                    os.waitpid(pid, 0)
+                    accesses, dropped = supervisor.take()
+                    supervisor.close()
+                    return accesses, dropped, out.decode()
+                out += data
+            elif not (mask & select.POLLIN and supervisor.serve(fd)):
+                poller.unregister(fd)
+                supervisor.remove(fd)
+
+
+def _kinds(accesses: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [a[2:] for a in accesses]
+
+
+def test_reads_writes_renames_links_and_removes_are_seen_with_resolved_paths(
+        tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "data").mkdir(parents=True)
+    (ws / "data" / "a.csv").write_text("x\n")
+    code = ("import os\n"
+            "open('data/a.csv').read()\n"
+            "open('out.tmp', 'w').write('y')\n"
+            "os.replace('out.tmp', 'out.txt')\n"
+            "os.link('out.txt', 'copy.txt')\n"
+            "os.unlink('copy.txt')\n"
+            "os.chdir('data')\n"
+            "fd = os.open('a.csv', os.O_RDONLY); os.close(fd)\n"
+            "d = os.open('.', os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fd = os.open('a.csv', os.O_RDWR, dir_fd=d); os.close(fd)\n"
+            "open('/etc/hostname').read()\n")
+    accesses, dropped, _ = _traced_run(code, ws, [str(ws)])
+    root = str(ws)
+    seen = _kinds(accesses)
+    assert (trace.READ, f"{root}/data/a.csv") in seen
+    assert (trace.WRITE, f"{root}/out.tmp") in seen
+    assert (trace.RENAME, f"{root}/out.tmp", f"{root}/out.txt") in seen
+    assert (trace.LINK, f"{root}/out.txt", f"{root}/copy.txt") in seen
+    assert (trace.REMOVE, f"{root}/copy.txt") in seen
+    assert (trace.READ_WRITE, f"{root}/data/a.csv") in seen  # through the dir_fd
+    assert not any("/etc/hostname" in a[3] for a in accesses)  # outside the roots
+    assert dropped == 0
+    firsts = accesses[:len(set(map(tuple, seen)))]  # later sightings come after the firsts
+    assert [a[0] for a in firsts] == sorted(a[0] for a in firsts)  # stamped in call order
+
+
+def test_a_file_read_many_times_is_held_twice_at_most_and_a_flood_is_counted(
+        tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    code = ("for i in range(500):\n    open('a.txt').read()\n"
+            "for i in range(50):\n    open(f'n{i}', 'w').close()\n")
+    accesses, dropped, _ = _traced_run(code, tmp_path, [str(tmp_path)], limit=20)
+    reads = [a for a in accesses if a[3].endswith("/a.txt")]
+    assert len(reads) == 2 and reads[0][0] < reads[1][0]  # the first and the latest
+    assert len(accesses) == 20 + 1  # the bound, plus a.txt's latest sighting
+    assert dropped == 50 + 1 - 20
+
+
+def test_a_child_of_the_traced_process_is_traced_too(tmp_path: Path) -> None:
+    (tmp_path / "b.txt").write_text("x")
+    code = ("import subprocess, sys\n"
+            "subprocess.run([sys.executable, '-I', '-S', '-c', \"open('b.txt').read()\"],"
+            " check=True)\n")
+    accesses, _, _ = _traced_run(code, tmp_path, [str(tmp_path)])
+    assert (trace.READ, f"{tmp_path}/b.txt") in _kinds(accesses)
+
+
+def test_io_uring_is_refused_and_nothing_runs_unseen_without_a_supervisor(
+        tmp_path: Path) -> None:
+    (tmp_path / "c.txt").write_text("x")
+    code = ("import ctypes, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.syscall(425, 1, None), ctypes.get_errno())\n")
+    _, _, out = _traced_run(code, tmp_path, [str(tmp_path)])
+    if os.uname().machine in ("x86_64", "aarch64"):
+        assert out.split() == ["-1", str(38)]  # ENOSYS
+    # With the listener closed, the interpreter cannot even open its own files: it dies
+    # at start instead of running with its opens unseen.
+    _, _, out = _traced_run("print('ran')", tmp_path, [str(tmp_path)], serve=False)
+    assert "ran" not in out
