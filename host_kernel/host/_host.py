@@ -993,12 +993,13 @@ class Host:
             ref = self.blobs.put_stream(src)
         name = filename or PurePosixPath(rel).name
         media = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        body = {"artifact_id": mint_uuid(), "filename": name, "sha256": ref.sha256,
+        artifact_id = mint_uuid()
+        body = {"artifact_id": artifact_id, "filename": name, "sha256": ref.sha256,
                 "size": ref.size, "media_type": media, "cell_id": cell.cell_id,
                 "generation": cell.generation, "source_path": rel,
                 "lineage": self._lineage_for(cell, rel, self._access_so_far(cell, args))}
         self._append("artifact_saved", body)
-        self.lineage.artifact_saved(body["artifact_id"], ref.sha256)
+        self.lineage.artifact_saved(artifact_id, ref.sha256)
         return Artifact.from_dict(body).to_dict()
 
     def _access_so_far(self, cell: _RunningCell, args: dict[str, Any]) -> tuple[Any, str]:

@@ -228,7 +228,7 @@ class Sandbox:
         self.policy = policy
         self.abi = abi
         self._host_end, self._init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        setup = {"abi": abi, "namespaces": namespaces, "network": policy.network,
+        setup: dict[str, Any] = {"abi": abi, "namespaces": namespaces, "network": policy.network,
                  "memory": memory, "rules": ruleset_spec(policy)}
         #: The Host's end of the socket init sends traced accesses on (None: untraced).
         self._trace: socket.socket | None = None
