@@ -236,6 +236,8 @@ class Sandbox:
         #: Shared with init: how many accesses it has seen (trace.py's Supervisor.bump).
         self._counter: mmap.mmap | None = None
         self._collected = 0
+        #: Why collecting failed once (every later collection fails the same way).
+        self._trace_broken: str | None = None
         if trace_roots is not None:
             self._trace, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             setup["trace_roots"] = list(trace_roots)
@@ -293,6 +295,8 @@ class Sandbox:
         if self._trace is None:
             return [], 0, None
         with self._trace_lock:
+            if self._trace_broken is not None:
+                raise SandboxError(self._trace_broken)
             seen = int.from_bytes(self._counter[:8], "little") if self._counter else -1
             if seen == self._collected:
                 return [], 0, None  # nothing new since the last collection: no round trip
@@ -310,7 +314,9 @@ class Sandbox:
                     parts.append(part)
                     got += len(part)
             except (OSError, EOFError, ValueError, KeyError) as exc:
-                raise SandboxError(f"the tracer stopped answering: {exc}") from exc
+                # A reply cut short leaves the socket out of step: never read it again.
+                self._trace_broken = f"the tracer stopped answering: {exc}"
+                raise SandboxError(self._trace_broken) from exc
             self._collected = seen
         accesses: list[tuple[Any, ...]] = marshal.loads(b"".join(parts)) if size else []
         return accesses, int(head.get("dropped", 0)), head.get("error")
