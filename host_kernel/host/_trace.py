@@ -49,6 +49,8 @@ class TracedAccess:
     #: Accesses of the kernel's tree between the previous cell's end and this one's start.
     between: list[str] = field(default_factory=list)
     dropped: int = 0
+    #: Why some process of the generation went untraced (init said), if one did.
+    error: str | None = None
 
     def access(self) -> dict[str, Any]:
         """The shape the lineage tracker reads (host/_lineage.py)."""
@@ -75,6 +77,8 @@ class TracedAccess:
             body["renames"] = [list(r) for r in self.renames[:MAX_LISTED]]
         if self.dropped:
             body["dropped"] = self.dropped
+        if self.error:
+            body["error"] = self.error
         return body
 
 
@@ -132,6 +136,7 @@ class TraceLog:
         out.between = list(dict.fromkeys(
             rel for a in before for rel in map(self._relative, a[3:]) if rel is not None))
         out.dropped = dropped
+        out.error = self.error
         return out
 
     def for_command(self, pid: int, since_wall_ns: int | None = None) -> TracedAccess:
