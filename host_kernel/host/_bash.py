@@ -384,6 +384,10 @@ def _traced(trace: Any, pid: int, started_ns: int, changes: list[dict[str, Any]]
         seen = trace.for_command(pid, since_wall_ns=started_ns)
     except SandboxError:
         return None, changes
+    if trace.error:
+        # Some process of the generation went untraced (it may be this one): keep every
+        # change rather than drop what the tracer could not see.
+        return seen.to_record() | {"error": trace.error}, changes
     mine = seen.touched()
     kept = [c for c in changes if c["path"] in mine]
     record = seen.to_record()

@@ -280,8 +280,8 @@ class _Spawner:
         theirs.close()
         try:
             data, fds = recv_with_fds(mine, 4096, 1)
-            message = marshal.loads(data) if data else {"error": "the child died before "
-                                                                 "it was traced"}
+            # No message: the child died before its exec, so nothing of it ran untraced.
+            message = marshal.loads(data) if data else {}
         except (OSError, ValueError, EOFError) as exc:
             message, fds = {"error": f"no listener from the child: {exc}"}, []
         finally:
@@ -289,8 +289,8 @@ class _Spawner:
         if fds:
             self.supervisor.add(fds[0], source)
             self._poll.register(fds[0], select.POLLIN)
-        elif self.trace_error is None:
-            self.trace_error = str(message.get("error"))
+        elif "error" in message and self.trace_error is None:
+            self.trace_error = str(message["error"])
             self.supervisor.bump()  # so the Host asks, and hears why
 
     def serve(self, kernel_argv: list[str]) -> int:
