@@ -463,3 +463,12 @@ def test_a_module_imported_a_cell_earlier_reads_traced_when_called(traced: Host,
     assert inputs_of(traced, "t.txt") == {"file:data/nums.txt": "traced",
                                           "file:wlib.py": "def-use"}
 
+
+
+def test_an_empty_artifact_is_not_the_input_of_every_empty_file_read_later(
+        traced: Host, workdir: Path) -> None:
+    run_ok(traced, "open('empty.txt', 'w').close()\nhost.save_artifact('empty.txt')")
+    _write(workdir, "data/blank.txt", "")
+    run_ok(traced, "b = open('data/blank.txt').read()\nopen('o.txt', 'w').write(b + 'x')\n"
+                   "host.save_artifact('o.txt')")
+    assert inputs_of(traced, "o.txt") == {"file:data/blank.txt": "traced"}

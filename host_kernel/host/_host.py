@@ -999,7 +999,7 @@ class Host:
                 "generation": cell.generation, "source_path": rel,
                 "lineage": self._lineage_for(cell, rel, self._access_so_far(cell, args))}
         self._append("artifact_saved", body)
-        self.lineage.artifact_saved(artifact_id, ref.sha256)
+        self.lineage.artifact_saved(artifact_id, ref.sha256, ref.size)
         return Artifact.from_dict(body).to_dict()
 
     def _access_so_far(self, cell: _RunningCell, args: dict[str, Any]) -> tuple[Any, str]:

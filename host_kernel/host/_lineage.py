@@ -60,9 +60,11 @@ class SessionLineage:
 
     # -- feeding
 
-    def artifact_saved(self, artifact_id: str, sha256: str) -> None:
-        """An artifact was saved: from now on, reading its bytes from a file reads it."""
-        self.artifact_bytes.setdefault(sha256, artifact_id)
+    def artifact_saved(self, artifact_id: str, sha256: str, size: int) -> None:
+        """An artifact was saved: from now on, reading its bytes from a file reads it.
+        An empty artifact is not matched: every empty file has its bytes."""
+        if size > 0:
+            self.artifact_bytes.setdefault(sha256, artifact_id)
 
     def _file_source(self, rel: str, sha: str, method: str, cell_id: str) -> list[Source]:
         """A read of ``rel`` (bytes ``sha``) as sources: an artifact materialised there or
