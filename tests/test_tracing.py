@@ -11,6 +11,7 @@ reports ``observed`` and says so once.
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import sqlite3
 import time
@@ -472,3 +473,24 @@ def test_an_empty_artifact_is_not_the_input_of_every_empty_file_read_later(
     run_ok(traced, "b = open('data/blank.txt').read()\nopen('o.txt', 'w').write(b + 'x')\n"
                    "host.save_artifact('o.txt')")
     assert inputs_of(traced, "o.txt") == {"file:data/blank.txt": "traced"}
+
+
+def test_reads_through_proc_self_cwd_or_a_symlink_planted_outside_the_workspace_are_seen(
+        traced: Host, workdir: Path) -> None:
+    """The private $TMPDIR is writable to the kernel: a symlink there (or /proc/self/cwd)
+    must not let a read of a workspace file pass for a read outside it."""
+    _write(workdir, "data/a.csv", "x\n1\n")
+    _write(workdir, "data/b.csv", "x\n2\n")
+    _write(workdir, "data/c.csv", "x\n3\n")
+    os.symlink("data/c.csv", workdir / "link.csv")  # inside the workspace, to a workspace file
+    run_ok(traced, "import os, tempfile\n"
+                   "a = open('/proc/self/cwd/data/a.csv').read()\n"
+                   "ln = os.path.join(tempfile.gettempdir(), 'ln.csv')\n"
+                   "os.symlink(os.path.abspath('data/b.csv'), ln)\n"
+                   "b = open(ln).read()\n"
+                   "c = open('link.csv').read()\n"
+                   "open('out.txt', 'w').write(a + b + c)\nhost.save_artifact('out.txt')")
+    # A symlink inside the workspace that stays inside it is hashed as the path read.
+    assert inputs_of(traced, "out.txt") == {"file:data/a.csv": "traced",
+                                            "file:data/b.csv": "traced",
+                                            "file:link.csv": "traced"}

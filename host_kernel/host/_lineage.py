@@ -16,6 +16,7 @@ only (docs/lineage.md), never acceptance evidence.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -86,15 +87,32 @@ class SessionLineage:
         out: list[tuple[str, Source]] = []
         for artifact_id, path, sha in io.loads:
             out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
-        for rel in dict.fromkeys([*reads, *io.reads]):
-            found = cached_sha256(self.workspace.root, rel, self.hash_cache)
-            if found is None:
+        for read_at in dict.fromkeys([*reads, *io.reads]):
+            hashed = self._hash(read_at)
+            if hashed is None:
                 continue  # opened but gone, or a failed open
+            rel, found = hashed
             direct, *upstream = self._file_source(rel, found, method, cell_id)
             self.hashed_at.setdefault(direct.identity, when)
-            out.append((rel, direct))
-            out += [(rel, s) for s in upstream]
+            out.append((read_at, direct))
+            out += [(read_at, s) for s in upstream]
         return out
+
+    def _hash(self, rel: str) -> tuple[str, str] | None:
+        """(path, sha256) of a workspace file that was read. A path through a symlink
+        that stays inside the workspace is the file it leads to (hashing never follows
+        one); None when it is gone, not a regular file, or leads out."""
+        root = self.workspace.root
+        sha = cached_sha256(root, rel, self.hash_cache)
+        if sha is not None:
+            return rel, sha
+        real = Path(os.path.realpath(root / rel))
+        if real == root / rel or not self.workspace.contains(real) \
+                or self.workspace.in_record(real):
+            return None
+        target = self.workspace.relative(real)
+        sha = cached_sha256(root, target, self.hash_cache)
+        return None if sha is None else (target, sha)
 
     @staticmethod
     def _access(access: Any) -> tuple[list[str], list[str], list[tuple[str, str]], list[str]]:
@@ -170,13 +188,11 @@ class SessionLineage:
     def _file_sources(self, cell_id: str, rels: Iterable[str], changed: set[str],
                       method: str, limit: int | None = None) -> list[Source]:
         out: list[Source] = []
-        root = self.workspace.root
-        for rel in dict.fromkeys(rels):
-            if rel in changed:
-                continue
-            sha = cached_sha256(root, rel, self.hash_cache)
-            if sha is None:
-                continue  # gone, or not a regular file
+        for read_at in dict.fromkeys(rels):
+            hashed = None if read_at in changed else self._hash(read_at)
+            if hashed is None or hashed[0] in changed:
+                continue  # its own product, gone, or not a regular file
+            rel, sha = hashed
             direct, *upstream = self._file_source(rel, sha, method, cell_id)
             self.hashed_at.setdefault(direct.identity, "command_end")
             out += [direct, *upstream]

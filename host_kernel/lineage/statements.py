@@ -36,7 +36,9 @@ The rules:
   and to the statements of a ``%run`` script when it is the script itself.
   A read that matches a pattern inside a function body belongs to the
   definition and every piece after it (the function may be called there). A
-  read no piece names belongs to every piece.
+  read no piece names, or named only by pieces that bind, change and write
+  nothing (``os.symlink(os.path.abspath('a.csv'), ln)`` names a path it
+  never reads), belongs to every piece.
 * **Which piece wrote a path.** The pieces whose patterns match it, then
   every later piece that uses a name bound or mutated by one of them
   (``fh = open('o', 'w')`` then ``fh.write(data)``). A file written by
@@ -64,12 +66,12 @@ import fnmatch
 import functools
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 from .defuse import RUN_MODULE, CellNames, cell_names, ipython_to_python
 from .flow import FlowTracker, Source
-from .knowledge import UNKNOWN, module_files_match
+from .knowledge import PURE_MODULES, UNKNOWN, module_files_match
 from .paths import PathEnv
 
 __all__ = ["observe"]
@@ -118,8 +120,8 @@ def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[s
                              renames=renames, removes=removes)
         return
     read_paths = list(dict.fromkeys(p for p, _ in sources))
-    reads_of = _reads_of(pieces, read_paths)
     writes_of = _writes_of(pieces, writes)
+    reads_of = _reads_of(pieces, read_paths, _sinks(pieces, writes_of))
     last = len(pieces) - 1
     for i, piece in enumerate(pieces):
         tracker.observe_cell(
@@ -190,7 +192,19 @@ def _deferred(pieces: Sequence[_Piece], match: _Matcher) -> dict[str, int]:
     return first
 
 
-def _reads_of(pieces: Sequence[_Piece], read_paths: list[str]) -> list[set[str]]:
+def _sinks(pieces: Sequence[_Piece], writes_of: dict[str, set[int]]) -> set[int]:
+    """Pieces that can carry nothing on: they bind, change and write nothing
+    (``os.symlink(os.path.abspath('a.csv'), ln)`` names a path it never reads)."""
+    writing = set().union(*writes_of.values()) if writes_of else set()
+    analysed = [cell_names(piece.code) for piece in pieces]
+    # A call on a module (``os.symlink(...)``) is not a change of anything that holds data.
+    modules = set(PURE_MODULES).union(*({i[0] for i in names.imports} for names in analysed))
+    return {i for i, names in enumerate(analysed)
+            if i not in writing and not names.defined and names.mutated <= modules}
+
+
+def _reads_of(pieces: Sequence[_Piece], read_paths: list[str],
+              sinks: Set[int] = frozenset()) -> list[set[str]]:
     match = _Matcher(read_paths)
     exact: dict[str, set[int]] = {}
     for i, piece in enumerate(pieces):
@@ -214,7 +228,9 @@ def _reads_of(pieces: Sequence[_Piece], read_paths: list[str]) -> list[set[str]]
     for path, start in _deferred(pieces, match).items():
         for i in range(start, len(pieces)):
             reads_of[i].add(path)
-    owned = set().union(*reads_of)
+    # A read no piece names, or named only by pieces that carry nothing on, belongs to
+    # every piece: its bytes went somewhere the patterns cannot see.
+    owned = set().union(*(reads for i, reads in enumerate(reads_of) if i not in sinks))
     for path in match.paths:
         if path not in owned:
             for reads in reads_of:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from .init import recv_with_fds
 from .landlock import abi_version
-from .policy import Policy, rules_for_record, ruleset_spec
+from .policy import SHARED_WRITABLE, Policy, rules_for_record, ruleset_spec
 
 __all__ = ["ConfinedProcess", "Confinement", "Sandbox", "SandboxError", "probe"]
 
@@ -241,6 +241,10 @@ class Sandbox:
         if trace_roots is not None:
             self._trace, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             setup["trace_roots"] = list(trace_roots)
+            # Where confined code could plant a symlink leading into the roots.
+            setup["trace_resolve"] = [p for p in (*policy.writable, *SHARED_WRITABLE)
+                                      if not any(p == r or p.startswith(r.rstrip("/") + "/")
+                                                 for r in trace_roots)]
             counter_fd = os.memfd_create("host-kernel-trace", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(counter_fd, 8)

@@ -501,7 +501,8 @@ def main(argv: list[str]) -> int:
         from .trace import Supervisor
         counter = mmap.mmap(setup_fds[1], 8)
         os.close(setup_fds[1])
-        supervisor = Supervisor(list(roots), counter=counter)
+        supervisor = Supervisor(list(roots), counter=counter,
+                                resolve=list(setup.get("trace_resolve", ())))
         trace = _socket.socket(fileno=setup_fds[0])
     else:
         for fd in setup_fds:

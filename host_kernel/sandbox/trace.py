@@ -172,14 +172,20 @@ class Supervisor:
     access kept or dropped so far: the Host skips asking when nothing new was seen.
     """
 
-    def __init__(self, roots: list[str], limit: int = 200_000, counter: Any = None) -> None:
+    def __init__(self, roots: list[str], limit: int = 200_000, counter: Any = None,
+                 resolve: tuple[str, ...] | list[str] = ()) -> None:
         self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
+        #: Folders outside the roots where a path may lead into them: those confined code
+        #: can write (a symlink planted there) and /proc (``/proc/self/cwd/data.csv``). A
+        #: path under one is resolved, as the caller would resolve it, before it is judged.
+        self.resolve = tuple(r.rstrip("/") + "/" for r in [*resolve, "/proc"] if r)
         self.counter = counter
         self.seen = 0
         #: (source, kind, path[, path2]) -> its entry in ``accesses``, and the latest
         #: time it was seen again since.
         self._index: dict[tuple[Any, ...], int] = {}
         self._last: dict[tuple[Any, ...], int] = {}
+        self._tid = 0  # the caller of the notification being read
         self.sources: dict[int, int] = {}  # listener fd -> source
         self.accesses: list[tuple[Any, ...]] = []
         self.dropped = 0
@@ -254,6 +260,7 @@ class Supervisor:
 
     def _note(self, source: int, tid: int, name: str | None, a0: int, a1: int, a2: int,
               a3: int, a4: int) -> None:
+        self._tid = tid
         if self._moving:
             self._moving.discard(tid)
         if name in ("openat", "openat2"):
@@ -286,9 +293,27 @@ class Supervisor:
             self._cwd.clear()
             self._moving.add(tid)
 
+    def _resolved(self, path: str, follow: bool) -> str:
+        """``path`` with its symlinks followed as the caller would follow them: all of
+        them for an open, all but the last for a rename, link or remove (which act on
+        the name itself)."""
+        if path.startswith(("/proc/self/", "/proc/thread-self/")):
+            path = f"/proc/{self._tid}/" + path.split("/", 3)[3]
+        try:
+            if follow:
+                return os.path.realpath(path)
+            head, _, name = path.rpartition("/")
+            return os.path.realpath(head or "/").rstrip("/") + "/" + name
+        except (OSError, ValueError):
+            return path
+
     def _keep(self, source: int, kind: str, path: str | None, path2: str | None = None) -> None:
         if path is None:
             return
+        if path.startswith(self.resolve):
+            path = self._resolved(path, kind in (READ, WRITE, READ_WRITE, EXEC))
+        if path2 is not None and path2.startswith(self.resolve):
+            path2 = self._resolved(path2, False)
         if not path.startswith(self.roots) and not (
                 path2 is not None and path2.startswith(self.roots)):
             return
