@@ -189,6 +189,24 @@ print(r.receipt_id)
     assert inputs_of(traced, "cmd.txt") == {f"receipt:{receipt_id}": "receipt"}
 
 
+def test_a_command_writing_through_a_hard_link_outside_the_workspace_keeps_its_change(
+        traced: Host, workdir: Path) -> None:
+    """The writes are traced by path, and $TMPDIR is outside the workspace: a command that
+    links a workspace file out and writes through the other name must not hide the change
+    from its receipt (a change dropped there would be nobody's)."""
+    _write(workdir, "data/x.csv", "x\n1\n")
+    receipt_id = last_line(traced, """
+r = host.bash('sleep 0.05; ln data/x.csv "$TMPDIR/h" && echo 2 >> "$TMPDIR/h"')
+assert r.exit_status == 0, r
+print(r.receipt_id)
+""")
+    if (workdir / "data/x.csv").read_text() != "x\n1\n2\n":
+        pytest.skip("LOUD: the hard link could not be made here (another file system?)")
+    body = receipt_body(traced, receipt_id)
+    assert [c["path"] for c in body["changes"]] == ["data/x.csv"]
+    assert "data/x.csv" not in body["traced"].get("changes_by_others", [])
+
+
 # ------------------------------------------------------------------ a hostile kernel
 
 

@@ -16,7 +16,6 @@ only (docs/lineage.md), never acceptance evidence.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -99,20 +98,10 @@ class SessionLineage:
         return out
 
     def _hash(self, rel: str) -> tuple[str, str] | None:
-        """(path, sha256) of a workspace file that was read. A path through a symlink
-        that stays inside the workspace is the file it leads to (hashing never follows
-        one); None when it is gone, not a regular file, or leads out."""
-        root = self.workspace.root
-        sha = cached_sha256(root, rel, self.hash_cache)
-        if sha is not None:
-            return rel, sha
-        real = Path(os.path.realpath(root / rel))
-        if real == root / rel or not self.workspace.contains(real) \
-                or self.workspace.in_record(real):
-            return None
-        target = self.workspace.relative(real)
-        sha = cached_sha256(root, target, self.hash_cache)
-        return None if sha is None else (target, sha)
+        """(path, sha256) of a workspace file that was read; None when it is gone, not a
+        regular file, or a symlink leading out (hashing resolves one that stays inside)."""
+        sha = cached_sha256(self.workspace.root, rel, self.hash_cache)
+        return None if sha is None else (rel, sha)
 
     @staticmethod
     def _access(access: Any) -> tuple[list[str], list[str], list[tuple[str, str]], list[str]]:

@@ -88,10 +88,9 @@ class TraceLog:
     def __init__(self, sandbox: Sandbox, workspace: Workspace) -> None:
         self.sandbox = sandbox
         self.workspace = workspace
-        root = str(workspace.root)
-        self._roots = sorted({root, os.path.realpath(root)}, key=len, reverse=True)
-        self._record = tuple({str(workspace.record) + "/", os.path.realpath(workspace.record)
-                              + "/"})
+        # Both are real paths already (Workspace resolves them), as init's are.
+        self._root = str(workspace.root) + "/"
+        self._record = str(workspace.record) + "/"
         self._pending: list[tuple[Any, ...]] = []
         self._lock = threading.Lock()
         self.dropped = 0
@@ -100,9 +99,8 @@ class TraceLog:
 
     @staticmethod
     def roots(workspace: Workspace) -> list[str]:
-        """The folders init keeps accesses under: the workspace, as given and resolved."""
-        root = str(workspace.root)
-        return sorted({root, os.path.realpath(root)})
+        """The folders init keeps accesses under: the workspace (a real path)."""
+        return [str(workspace.root)]
 
     def _pull(self) -> None:
         accesses, dropped, error = self.sandbox.collect_trace()
@@ -148,13 +146,10 @@ class TraceLog:
         return self._shape(mine, since_wall_ns)
 
     def _relative(self, path: str) -> str | None:
-        if (path + "/").startswith(self._record):
-            return None  # the record is never an input (and hidden from the kernel)
-        for root in self._roots:
-            if path.startswith(root) and path[len(root):len(root) + 1] == "/":
-                rel = path[len(root) + 1:]
-                return _source_of_bytecode(rel) if rel else None
-        return None
+        if (path + "/").startswith(self._record) or not path.startswith(self._root):
+            return None  # outside the workspace, or the record (never an input)
+        rel = path[len(self._root):]
+        return _source_of_bytecode(rel) if rel else None
 
     def _shape(self, accesses: list[tuple[Any, ...]], since_wall_ns: int | None) -> TracedAccess:
         reads: dict[str, None] = {}
@@ -181,6 +176,10 @@ class TraceLog:
                 if kind == LINK:
                     if rel is not None:
                         reads[rel] = None
+                        if dst is None:
+                            # Linked out of the workspace: writes through the other name
+                            # change this file unseen, so its modification time decides.
+                            maybe_written[rel] = None
                     if dst is not None:
                         writes[dst] = None
                 elif rel is not None and dst is not None:
