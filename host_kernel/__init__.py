@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
     from ._models import Artifact, Check, FileChange, FileRecord, Observation, Receipt, Verdict
     from .audit import AuditReport, audit
     from .host._host import Host, HostState
+    from .host._pool import HostPool
     from .lineage.graph import Lineage
     from .modes import TaskMode, resolve_task_mode
 
@@ -57,6 +58,7 @@ _WHERE = {
     "audit": ".audit",
     "Host": ".host._host",
     "HostState": ".host._host",
+    "HostPool": ".host._pool",
     "Lineage": ".lineage.graph",
     "TaskMode": ".modes",
     "resolve_task_mode": ".modes",

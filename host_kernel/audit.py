@@ -44,6 +44,7 @@ from .store.ledger import (
     SQLiteLedger,
     check_chain,
     check_macs,
+    collector_paused,
     load_record_key,
     rebuild,
 )
@@ -129,7 +130,8 @@ def audit(record_dir: str | Path, *, strict: bool = False, expect_head: str | No
         report.findings.append(_unreadable(exc, db))
         return report
     try:
-        _audit(ledger, root, report, strict, expect_head, progress, reproduce)
+        with collector_paused():
+            _audit(ledger, root, report, strict, expect_head, progress, reproduce)
     except RecordError as exc:
         report.findings.append(_unreadable(exc, db))
     finally:

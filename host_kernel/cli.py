@@ -67,8 +67,10 @@ class Command:
 
 
 def _exec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("notebook", metavar="NOTEBOOK.ipynb",
-                        help="the notebook whose code cells are run, in order")
+    parser.add_argument("notebook", metavar="NOTEBOOK.ipynb", nargs="+",
+                        help="the notebook whose code cells are run, in order; several run "
+                             "one after another, each in a session of its own, the later "
+                             "ones started warm from a pool")
     parser.add_argument("--mode", metavar="M", default=None,
                         help="arm a task mode (analysis_run, reusable_pipeline, "
                              "codebase_change); default: none armed")
@@ -112,10 +114,10 @@ def _read_notebook(path: Path) -> Any:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _exec_options(args: argparse.Namespace) -> tuple[Path, Path, Path | None, str | None]:
+def _exec_options(args: argparse.Namespace, notebook: Path
+                  ) -> tuple[Path, Path, Path | None, str | None]:
     from .modes import UnknownModeError, normalise_mode_name
 
-    notebook = Path(args.notebook)
     workdir = Path(args.workdir) if args.workdir else notebook.resolve().parent
     if not workdir.is_dir():
         raise UsageError(f"--workdir {workdir} is not a directory")
@@ -147,7 +149,26 @@ def _plural(n: int, noun: str) -> str:
 
 
 def _exec_run(args: argparse.Namespace) -> int:
-    workdir, notebook, record, mode = _exec_options(args)
+    batch = [(Path(nb), *_exec_options(args, Path(nb))) for nb in args.notebook]
+    if len(batch) == 1:
+        return _exec_one(args, *batch[0][1:])
+    from .host._pool import HostPool
+
+    # Each notebook is a session of its own; all but the first start from a standby
+    # kernel the pool started while the one before ran.
+    failed = 0
+    roots = sorted({str(workdir.resolve()) for _, workdir, *_ in batch})
+    with HostPool(size=1, roots=roots) as pool:
+        for n, (notebook, workdir, nb_path, record, mode) in enumerate(batch, start=1):
+            _print(f"### notebook {n}/{len(batch)}: {notebook}")
+            if _exec_one(args, workdir, nb_path, record, mode, pool=pool) != EXIT_OK:
+                failed += 1
+    _print(f"### {_plural(len(batch), 'notebook')} run, {failed} failed")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _exec_one(args: argparse.Namespace, workdir: Path, notebook: Path, record: Path | None,
+              mode: str | None, pool: Any = None) -> int:
     nb = _read_notebook(notebook)
     cells = [(i, c) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
@@ -159,7 +180,8 @@ def _exec_run(args: argparse.Namespace) -> int:
     failures: dict[str, int] = {}
     stopped_at: int | None = None
     host = Host(workdir, mode=mode, record_dir=record, front="cli",
-                network=not args.no_network, require_confinement=args.require_confinement)
+                network=not args.no_network, require_confinement=args.require_confinement,
+                pool=pool)
     t0 = time.monotonic()
     try:
         host.start()
@@ -221,6 +243,8 @@ EXEC = Command(
         "Start one Host (and its kernel) in WORKDIR, run every non-empty code cell of the "
         "notebook through Host.execute in order, print each Observation's text under a "
         "header line, and end with a summary line. Markdown and raw cells are skipped. "
+        "Several notebooks run one after another, each in a session of its own (kernels "
+        "for the later ones start from a warm pool), and a last line counts the failed. "
         "Exit 0 when no cell failed, 1 when one did (status error, timeout or "
         "kernel_died) or the Host could not start, 2 for usage errors. The last line, "
         "`head: HASH`, is the hash of the record's last event: keep it, and "

@@ -28,7 +28,7 @@ from typing import Any, cast
 import nbformat
 
 from ._errors import RecordError
-from .store.ledger import SQLiteLedger
+from .store.ledger import SQLiteLedger, collector_paused
 from .store.verified import open_verified, record_folder
 
 __all__ = ["KERNELSPEC", "export_notebook", "record_folder"]
@@ -39,7 +39,6 @@ KERNELSPEC = {"name": "host_kernel", "display_name": "Python 3 (host_kernel)",
 
 # nbformat ships no type hints.
 _new_notebook = cast(Callable[..., Any], nbformat.v4.new_notebook)
-_new_code_cell = cast(Callable[..., Any], nbformat.v4.new_code_cell)
 _from_dict = cast(Callable[..., Any], nbformat.from_dict)
 
 #: Media types whose value may be any JSON (nbformat's own pattern); others must be text.
@@ -65,11 +64,12 @@ def export_notebook(record_dir: str | Path, session: str | None = None) -> Any:
     (``chain_broken``), projection tables that disagree with the events
     (``projection_drift``), an empty or truncated ledger.
     """
-    trusted = open_verified(record_folder(record_dir))
-    try:
-        return _notebook(trusted, session)
-    finally:
-        trusted.close()
+    with collector_paused():
+        trusted = open_verified(record_folder(record_dir))
+        try:
+            return _notebook(trusted, session)
+        finally:
+            trusted.close()
 
 
 def _notebook(ledger: SQLiteLedger, session: str | None) -> Any:
@@ -185,11 +185,11 @@ def _cell(row: Any, receipts: list[dict[str, Any]], artifacts: list[dict[str, An
     if notice:
         meta["notice"] = notice
     count = row["execution_count"]
-    cell = _new_code_cell(source=row["code"], id=row["cell_id"],
-                                     execution_count=count if isinstance(count, int) else None,
-                                     metadata={"host_kernel": meta})
-    cell.outputs = [_from_dict(o) for o in outputs]
-    return cell
+    # A plain cell, not nbformat's new_code_cell: that validates every cell against the
+    # schema on its own, and the whole notebook is validated once at the end anyway.
+    return _from_dict({"cell_type": "code", "id": row["cell_id"], "source": row["code"],
+                       "execution_count": count if isinstance(count, int) else None,
+                       "metadata": {"host_kernel": meta}, "outputs": outputs})
 
 
 def _clean_output(out: Any) -> dict[str, Any] | None:

@@ -233,7 +233,8 @@ def serve(workdir: str | os.PathLike[str], *, mode: str | None = None,
 
     signal.signal(signal.SIGTERM, _terminate)
     worker = HostThread("mcp-host")
-    host = Host(Path(workdir), mode=mode, record_dir=record_dir, front="mcp")
+    # spare: the next generation's kernel waits started, so restart_kernel is a swap.
+    host = Host(Path(workdir), mode=mode, record_dir=record_dir, front="mcp", spare=True)
     try:
         worker.call(host.start)
         stderr.write(f"host-kernel mcp {__version__}: serving {host.workdir} (mode "

@@ -186,8 +186,13 @@ class RecordView:
             (session,))]
         for body in (b for bodies in self.receipts.values() for b in bodies):
             started: dict[str, str] | None = None
+            # Files whose bytes the command may have left as they were (their earlier
+            # bytes unknown, their size unchanged): not its work, fail closed.
+            unproven = set(body.get("changes_unproven") or ())
             for change in body.get("changes", ()):
                 sha = change.get("sha256")
+                if change.get("path") in unproven:
+                    continue
                 if change.get("change") == "modified" and sha is not None:
                     # Bytes the file already had when the command started were not produced
                     # by it (a `touch` is not work).

@@ -56,7 +56,7 @@ def no_stray_kernels() -> Iterator[None]:
         else:
             os.environ["XDG_STATE_HOME"] = saved_state
     leftover = _children(os.getpid()) - before
-    runtime_after = list(Path(own_tmp).glob("hk-*"))
+    runtime_after = [*Path(own_tmp).glob("hk-*"), *Path(own_tmp).glob("hks-*")]
     shutil.rmtree(own_tmp, ignore_errors=True)
     assert not leftover, f"processes left running by the suite: {sorted(leftover)}"
     assert not runtime_after, f"runtime folders (sockets) left behind: {runtime_after}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -96,6 +97,29 @@ def test_exec_uses_the_given_workdir_and_record(tmp_path: Path) -> None:
     assert (record / "ledger.sqlite").is_file()
     assert summary_line(proc.stdout).endswith(f"record: {record}")
     assert head_line(proc.stdout) == last_hash(record)
+
+
+def test_exec_runs_several_notebooks_each_in_a_session_of_its_own(tmp_path: Path) -> None:
+    """A batch: one session per notebook; the later ones start from the pool's standby."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = write_notebook(tmp_path / "a" / "first.ipynb", new_code_cell("x = 1\nprint('one')"))
+    second = write_notebook(tmp_path / "b" / "second.ipynb",
+                            new_code_cell("print('x' in globals(), 'two')"))
+    proc = run_cli("exec", first, second, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"### notebook 1/2: {first}"
+    assert f"### notebook 2/2: {second}" in lines
+    assert "False two" in proc.stdout
+    assert lines[-1] == "### 2 notebooks run, 0 failed"
+    warm = []
+    for folder in ("a", "b"):
+        record = default_record_dir(tmp_path / folder)
+        with SQLiteLedger.open_readonly(record / "ledger.sqlite") as ledger:
+            [row] = ledger.query("SELECT body FROM events WHERE kind = 'generation_started'")
+        warm.append(json.loads(row["body"])["warm"]["used"])
+    assert warm[1] is True
 
 
 def test_exec_record_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:

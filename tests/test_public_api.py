@@ -17,10 +17,10 @@ def test_all_is_sorted_and_every_name_resolves() -> None:
 def test_public_surface() -> None:
     assert set(host_kernel.__all__) == {
         "Artifact", "AuditReport", "BadArguments", "CallRefused", "Check", "FileChange",
-        "FileProblem", "FileRecord", "Host", "HostCallError", "HostKernelError", "HostState",
-        "KernelError", "Lineage", "Observation", "PathRefused", "Receipt", "RecordError",
-        "StorageError", "SubmissionRefused", "TaskMode", "Verdict", "__version__", "audit",
-        "resolve_task_mode",
+        "FileProblem", "FileRecord", "Host", "HostCallError", "HostKernelError", "HostPool",
+        "HostState", "KernelError", "Lineage", "Observation", "PathRefused", "Receipt",
+        "RecordError", "StorageError", "SubmissionRefused", "TaskMode", "Verdict", "__version__",
+        "audit", "resolve_task_mode",
     }
 
 

@@ -24,8 +24,12 @@ pytestmark = pytest.mark.skipif(trace.unavailable() is not None,
 
 
 def _traced_run(code: str, cwd: Path, roots: list[str], *, limit: int = 200_000,
-                serve: bool = True) -> tuple[list[tuple[Any, ...]], int, str]:
-    """Run ``python -c code`` in ``cwd`` under the filter; (accesses, dropped, stdout)."""
+                serve: bool = True, source: int = 0,
+                before: list[tuple[Any, ...]] | None = None,
+                ) -> tuple[list[tuple[Any, ...]], int, str]:
+    """Run ``python -c code`` in ``cwd`` under the filter; (accesses, dropped, stdout).
+    With ``before``, the before-states recorded (for a ``source`` other than 0) are
+    appended to it."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     out_r, out_w = os.pipe()
     pid = os.fork()
@@ -44,7 +48,7 @@ def _traced_run(code: str, cwd: Path, roots: list[str], *, limit: int = 200_000,
     _, fds, _, _ = socket.recv_fds(ours, 10, 1)
     ours.close()
     supervisor = trace.Supervisor(roots, limit=limit)
-    supervisor.add(fds[0], 0)
+    supervisor.add(fds[0], source)
     if not serve:
         supervisor.close()  # nobody answers: every watched call must fail, not run unseen
     poller = select.poll()
@@ -60,6 +64,8 @@ def _traced_run(code: str, cwd: Path, roots: list[str], *, limit: int = 200_000,
                     os.close(out_r)
                     os.waitpid(pid, 0)
                     accesses, dropped = supervisor.take()
+                    if before is not None:
+                        before.extend(supervisor.take_before())
                     supervisor.close()
                     return accesses, dropped, out.decode()
                 out += data
@@ -101,6 +107,47 @@ def test_reads_writes_renames_links_and_removes_are_seen_with_resolved_paths(
     assert dropped == 0
     firsts = accesses[:len(set(map(tuple, seen)))]  # later sightings come after the firsts
     assert [a[0] for a in firsts] == sorted(a[0] for a in firsts)  # stamped in call order
+
+
+def test_a_command_records_each_paths_state_before_its_first_change_only(
+        tmp_path: Path) -> None:
+    import hashlib
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "kept.txt").write_text("before\n")
+    (ws / "moved.txt").write_text("moved\n")
+    (ws / "target").write_text("t\n")
+    os.symlink("target", ws / "link")
+    with open(ws / "large.bin", "wb") as f:
+        f.truncate(trace.HASH_LIMIT + 1)
+    code = ("import os\n"
+            "open('kept.txt', 'w').write('after\\n')\n"   # truncated: hashed before
+            "open('kept.txt', 'w').write('again\\n')\n"   # not its first: no new state
+            "open('new.txt', 'w').close()\n"
+            "os.rename('moved.txt', 'kept.txt')\n"
+            "open('link', 'a').close()\n"                 # followed: the target's state
+            "open('large.bin', 'r+b').close()\n"
+            "open('read.txt', 'w').close(); open('read.txt').read()\n")
+    before: list[tuple[Any, ...]] = []
+    _traced_run(code, ws, [str(ws)], source=7, before=before)
+    states = {b[2][len(str(ws)) + 1:]: b for b in before}
+    assert all(b[1] == 7 for b in before)
+    assert [b[0] for b in before] == sorted(b[0] for b in before)
+    assert set(states) == {"kept.txt", "new.txt", "moved.txt", "target", "large.bin",
+                           "read.txt"}
+    kept = states["kept.txt"]
+    assert kept[3] == trace.FILE and kept[4] == len("before\n")
+    assert kept[8] == hashlib.sha256(b"before\n").hexdigest()
+    assert states["new.txt"][3] == trace.MISSING and states["new.txt"][8] is None
+    assert states["moved.txt"][8] == hashlib.sha256(b"moved\n").hexdigest()
+    assert states["target"][8] == hashlib.sha256(b"t\n").hexdigest()
+    large = states["large.bin"]
+    assert large[3] == trace.FILE and large[4] == trace.HASH_LIMIT + 1 and large[8] is None
+    # The kernel's own tree (source 0) gets none.
+    kernel: list[tuple[Any, ...]] = []
+    _traced_run("open('target', 'w').close()", ws, [str(ws)], before=kernel)
+    assert kernel == []
 
 
 def test_a_file_read_many_times_is_held_twice_at_most_and_a_flood_is_counted(

@@ -47,6 +47,7 @@ from .. import prompts
 from .._errors import HostKernelError
 from .._models import Observation, Verdict
 from ..host._host import Host
+from ..host._pool import HostPool
 from ..llm import ChatClient, ChatResult, LLMError, ToolCall
 from ..modes import DEFAULT_MODE
 from ..reproduce import Emit
@@ -589,12 +590,17 @@ def run_agent(
     temperature: float | None = None,
     cell_timeout: float | None = None,
     prices: Prices | None = None,
+    pool: HostPool | None = None,
+    spare: bool = True,
 ) -> AgentResult:
     """Run one agent session on ``task`` in ``workdir`` and return how it ended.
 
     ``mode`` arms a task mode; without it the mode is detected from ``task``
     and only advises. ``llm`` is any :class:`~host_kernel.llm.ChatClient`
-    (an :class:`~host_kernel.llm.LLMClient` for a real server). The session
+    (an :class:`~host_kernel.llm.LLMClient` for a real server). ``pool``
+    (a :class:`~host_kernel.HostPool`) starts the kernel warm; ``spare`` keeps the
+    next generation's kernel started, so a restart (asked for, or after the kernel
+    died) is a swap. The session
     makes at most ``max_steps`` model turns; compaction runs when the
     conversation reaches ``compact_at * token_budget`` estimated tokens.
     ``on_progress`` gets every event record as it is written (see
@@ -608,7 +614,8 @@ def run_agent(
     if token_budget < 1 or not 0 < compact_at <= 1:
         raise ValueError("token_budget must be positive and compact_at in (0, 1]")
     worker = HostThread()
-    host = _RecordingHost(workdir, mode=mode, request=task, record_dir=record_dir, front="agent")
+    host = _RecordingHost(workdir, mode=mode, request=task, record_dir=record_dir, front="agent",
+                          pool=pool, spare=spare)
     try:
         worker.call(host.start)
         session = _Session(host, worker, llm, task, max_steps=max_steps, token_budget=token_budget,

@@ -30,7 +30,6 @@ import collections
 import datetime as dt
 import enum
 import hmac
-import json
 import os
 import signal
 import sys
@@ -47,7 +46,7 @@ from .._errors import HostKernelError
 from ..host._host import _Outputs
 from ..host._relay_support import KernelSockets, RelayHost, ResumeState
 from .handover import leave_marker, marker_path, start_sentinel, take_marker
-from .wire import DELIM, Frames, Heartbeat
+from .wire import DELIM, Frames, Heartbeat, has_message, send_frames
 
 __all__ = ["Relay", "RelayState"]
 
@@ -221,11 +220,12 @@ class Relay:
         self._close_channels()
 
     def _close_channels(self) -> None:
-        self.heartbeat.stopping.set()
-        self.heartbeat.join(timeout=2)
         for sock in (self.f_shell, self.f_control, self.f_stdin, self.f_iopub):
             sock.close()
+        # Terminating the context ends the heartbeat's echo, which then closes its socket
+        # (term waits for that, and for the frontend to take what was sent, up to the linger).
         self.ctx.term()
+        self.heartbeat.join(timeout=2)
 
     # ------------------------------------------------------------------ the loop
 
@@ -233,12 +233,14 @@ class Relay:
         assert self.kernel is not None
         k = self.kernel
         ready = dict(self.poller.poll(int(TICK * 1000)))
-        for sock, handle in ((k.iopub, self._kernel_iopub), (k.shell, self._kernel_shell),
+        # New subscribers first: each is greeted (iopub_welcome) before anything else
+        # this step publishes reaches it.
+        for sock, handle in ((self.f_iopub, self._front_subscription),
+                             (k.iopub, self._kernel_iopub), (k.shell, self._kernel_shell),
                              (k.stdin, self._kernel_stdin), (k.control, self._kernel_control),
                              (self.f_control, self._front_control),
                              (self.f_stdin, self._front_stdin),
-                             (self.f_shell, self._front_shell),
-                             (self.f_iopub, self._front_subscription)):
+                             (self.f_shell, self._front_shell)):
             if sock in ready and self.kernel is k:
                 self._drain(sock, handle)
         self._tick()
@@ -246,10 +248,9 @@ class Relay:
     @staticmethod
     def _drain(sock: Any, handle: Callable[[list[bytes]], None]) -> None:
         for _ in range(256):  # bounded, so one busy channel cannot starve the others
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            if not has_message(sock):
                 return
+            frames = sock.recv_multipart()
             try:
                 handle(frames)
             except ValueError as exc:  # signed, but its JSON parts do not parse
@@ -296,12 +297,12 @@ class Relay:
 
     def _to_kernel(self, sock: Any, msg: Frames) -> None:
         assert self.kernel is not None
-        sock.send_multipart([DELIM, self.kernel.session.sign(msg.parts), *msg.parts,
-                             *msg.buffers])
+        send_frames(sock, [DELIM, self.kernel.session.sign(msg.parts), *msg.parts,
+                           *msg.buffers])
 
     def _to_front(self, sock: Any, idents: list[bytes], msg: Frames) -> None:
-        sock.send_multipart([*idents, DELIM, self.frontend.sign(msg.parts), *msg.parts,
-                             *msg.buffers])
+        send_frames(sock, [*idents, DELIM, self.frontend.sign(msg.parts), *msg.parts,
+                           *msg.buffers])
 
     def _compose(self, sock: Any, idents: list[bytes] | None, msg_type: str,
                  content: dict[str, Any], parent: dict[str, Any],
@@ -349,8 +350,7 @@ class Relay:
         cell_id = self.host.begin_cell(str(content.get("code", "")),
                                        frontend_cell_id=front_id if isinstance(front_id, str)
                                        else None, silent=silent)
-        metadata["cellId"] = cell_id
-        msg.parts[2] = json.dumps(metadata).encode()
+        msg.replace(2, {**metadata, "cellId": cell_id})
         self._inflight = _Inflight(str(header.get("msg_id")), header, msg.idents,
                                    bool(content.get("stop_on_error", True)) and not silent)
         self._forward_shell(msg, header)
@@ -411,6 +411,8 @@ class Relay:
         kind = header.get("msg_type")
         if kind == "iopub_welcome":
             return  # the kernel greeting the relay's subscription, not the frontend's
+        if msg.part(1).get("session") == self.kernel.session.session:
+            return  # about the Host's own request (its start-up kernel_info), not the frontend's
         if kind == "shutdown_reply" and self._shutdown is not None:
             self._shutdown.broadcast = True
         inf = self._inflight
@@ -485,7 +487,8 @@ class Relay:
             self._to_front(self.f_iopub, inf.idle.idents, inf.idle)
 
     def _abort_held(self, subshell: Any) -> None:
-        """Answer the execute requests queued behind a failed cell ``aborted``, as ipykernel does."""
+        """Answer the execute requests queued behind a failed cell ``aborted``, as ipykernel
+        does."""
         assert self.host is not None
         keep: collections.deque[tuple[Frames, dict[str, Any]]] = collections.deque()
         for msg, header in self._held:

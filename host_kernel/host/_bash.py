@@ -4,7 +4,8 @@ Owns the process side: ``bash -c`` in its own process group, the kernel's cwd
 and environment, output streamed back as it arrives and stored whole (redacted)
 in the blob store, the timeout enforced on the whole group, the executable the
 first word resolves to, and the workspace files the command changed. It returns
-the receipt body; the Host records it.
+the receipt body; the Host records it. Which files the command changed is
+host/_changes.py's to find.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from typing import Any
 from .._errors import HostCallError
 from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confined
 from ..store.blobs import FileBlobStore
-from ._workspace import FileStat, HashCache, Workspace, cached_sha256, file_sha256, snapshot
+from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
+from ._workspace import FileStat, HashCache, Workspace, file_sha256
 
 __all__ = ["CommandContext", "Redactor", "kill_group", "resolve_executable", "run_command"]
 
 TAIL_CHARS = 2_000
-MAX_CHANGES = 200
 #: After bash exits, how long to keep reading pipes that a background child holds open.
 PIPE_GRACE = 1.0
 
@@ -113,25 +114,6 @@ class CommandContext:
     trace: Any = None
 
 
-#: Files larger than this are left out of a receipt's workspace manifest.
-MANIFEST_MAX_FILE = 4 * 1024 * 1024
-#: At most this many files are hashed into one manifest.
-MANIFEST_MAX_FILES = 5_000
-
-
-def workspace_manifest(ws: Workspace, files: dict[str, FileStat],
-                       cache: HashCache) -> dict[str, str]:
-    """sha256 of each workspace file as it is now, re-hashing only files whose stat changed."""
-    manifest: dict[str, str] = {}
-    for rel, key in files.items():
-        if key[0] > MANIFEST_MAX_FILE or len(manifest) >= MANIFEST_MAX_FILES:
-            continue
-        sha = cached_sha256(ws.root, rel, cache, key)
-        if sha is not None:
-            manifest[rel] = sha
-    return manifest
-
-
 def last_command(command: str, cwd: Path) -> tuple[str, Path]:
     """The last command of an ``&&`` chain, and the directory earlier ``cd X`` steps lead to."""
     segments = [seg.strip() for seg in command.split("&&")]
@@ -189,7 +171,9 @@ def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
 
 
 _BASH_ONLY_BUILTINS = frozenset(
-    ["cd", "exit", "export", "unset", "set", "source", ".", "alias", "eval", "exec", "return", "shift", "trap", "wait", "read", "declare", "local", "readonly", "let", "type", "hash", "ulimit", "umask", "builtin", "command"]
+    ["cd", "exit", "export", "unset", "set", "source", ".", "alias", "eval", "exec", "return",
+     "shift", "trap", "wait", "read", "declare", "local", "readonly", "let", "type", "hash",
+     "ulimit", "umask", "builtin", "command"]
 )
 
 
@@ -234,23 +218,6 @@ def _env_changes(env: Mapping[str, str], launch: Mapping[str, str],
     return sorted(n for n in names if n not in ignore and env.get(n) != launch.get(n))
 
 
-def _changes(ws: Workspace, before: dict[str, FileStat],
-             after: dict[str, FileStat]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for rel in sorted(set(before) | set(after)):
-        if before.get(rel) == after.get(rel):
-            continue
-        if rel not in after:
-            out.append({"path": rel, "change": "deleted", "sha256": None, "size": None})
-        else:
-            change = "created" if rel not in before else "modified"
-            out.append({"path": rel, "change": change,
-                        "sha256": file_sha256(ws.root / rel), "size": after[rel][0]})
-        if len(out) > MAX_CHANGES:
-            break
-    return out
-
-
 def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | None,
                 ctx: CommandContext, emit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run ``bash -c command``; stream its output through ``emit``; return the receipt body."""
@@ -259,18 +226,22 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     path_env = env.get("PATH", "")
     executable = resolve_executable(command, cwd, path_env)
     exe_sha = file_sha256(Path(executable)) if executable else None
-    before, trunc_before = snapshot(ws.root, ws.record)
-    manifest = workspace_manifest(ws, before, ctx.hash_cache)
-    manifest_ref = ctx.blobs.put_bytes(
-        json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+    # Traced: the command's changes come from what the tracer sees it do, so nothing is
+    # walked or hashed before it runs. Untraced (or the tracer already failed): stat the
+    # workspace now and compare after.
+    traced_run = (ctx.trace is not None and ctx.sandbox is not None
+                  and ctx.trace.error is None)
+    before = None if traced_run else before_snapshot(ws)
     # The last command of an && chain is the one whose result counts (the verifier's
     # rule); judge its executable and its module shadowing where it really runs.
     last, last_cwd = last_command(command, cwd)
-    last_exe = resolve_executable(last, last_cwd, path_env)
+    last_exe = executable if (last, last_cwd) == (command, cwd) else resolve_executable(
+        last, last_cwd, path_env)
     shadowed = shadowed_modules(last, last_cwd)
 
     started = time.time()
     started_ns = time.time_ns()
+    started_mono_ns = time.monotonic_ns()
     t0 = time.monotonic()
     proc: Any
     if ctx.sandbox is not None:
@@ -335,11 +306,9 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     duration = time.monotonic() - t0
     out, err = streams.values()
     out_sha, err_sha = out.finish(ctx.blobs), err.finish(ctx.blobs)
-    after, trunc_after = snapshot(ws.root, ws.record)
-    changes = _changes(ws, before, after)
-    traced: dict[str, Any] | None = None
-    if ctx.trace is not None and isinstance(proc, ConfinedProcess) and proc.pid:
-        traced, changes = _traced(ctx.trace, proc.pid, started_ns, changes)
+    found, traced = _find_changes(ctx, proc, before, started_ns, started_mono_ns)
+    manifest_ref = ctx.blobs.put_bytes(
+        json.dumps(found.manifest, sort_keys=True, separators=(",", ":")).encode("utf-8"))
     launch_path = ctx.launch_env.get("PATH", "")
     in_ws = any(exe is not None and ws.contains(Path(exe)) for exe in (executable, last_exe))
     return {
@@ -366,35 +335,47 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         "stderr_size": err.size,
         "stdout_tail": out.tail,
         "stderr_tail": err.tail,
-        "changes": changes[:MAX_CHANGES],
-        "changes_truncated": trunc_before or trunc_after or len(changes) > MAX_CHANGES,
+        "changes": found.changes[:MAX_CHANGES],
+        "changes_truncated": found.truncated or len(found.changes) > MAX_CHANGES,
+        "changes_found_by": found.method,
+        "changes_unproven": found.unproven,
         "workspace_manifest_sha256": manifest_ref.sha256,
-        "workspace_manifest_files": len(manifest),
+        "workspace_manifest_files": len(found.manifest),
+        "workspace_manifest_scope": "changes",
         "shadowed_modules": shadowed,
     } | ({"start_error": proc.error} if getattr(proc, "error", None) else {}) | (
         {} if traced is None else {"traced": traced})
 
 
-def _traced(trace: Any, pid: int, started_ns: int, changes: list[dict[str, Any]]
-            ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """What the tracer saw the command's own processes do, and the changes that are
-    theirs: a file changed meanwhile by someone else (the cell's code, another
-    command) is not this command's product."""
-    try:
-        seen = trace.for_command(pid, since_wall_ns=started_ns)
-    except SandboxError:
-        return None, changes
-    if trace.error:
-        # Some process of the generation went untraced (it may be this one): keep every
-        # change rather than drop what the tracer could not see.
-        return seen.to_record() | {"error": trace.error}, changes
-    mine = seen.touched()
-    kept = [c for c in changes if c["path"] in mine]
+def _find_changes(ctx: CommandContext, proc: Any,
+                  before: tuple[dict[str, FileStat], bool] | None, started_ns: int,
+                  started_mono_ns: int) -> tuple[Found, dict[str, Any] | None]:
+    """The command's changes, and the receipt's ``traced`` entry (None: untraced)."""
+    ws = ctx.workspace
+    trace = ctx.trace
+    pid = proc.pid if isinstance(proc, ConfinedProcess) else None
+    seen = None
+    problem = None
+    if trace is not None and pid:
+        try:
+            seen = trace.for_command(pid, since_wall_ns=started_ns, since_ns=started_mono_ns)
+        except SandboxError as exc:
+            problem = f"the tracer did not answer: {exc}"
+    if before is not None:
+        # Untraced, or the tracer had already failed: every change is kept.
+        found = after_snapshot(ws, before[0], before[1], ctx.hash_cache)
+        return found, None if seen is None else seen.to_record()
+    if not pid and problem is None:
+        return Found("traced"), None  # it never started (start_error): nothing ran
+    found = after_trace(ws, seen, ctx.hash_cache, started_ns, problem)
+    if seen is None:
+        return found, None if problem is None else {"error": problem}
     record = seen.to_record()
-    others = [c["path"] for c in changes if c["path"] not in mine]
-    if others:
-        record["changes_by_others"] = others[:MAX_CHANGES]
-    return record, kept
+    if found.reason is not None:
+        record["fallback"] = found.reason
+    if found.by_others:
+        record["changes_by_others"] = found.by_others
+    return found, record
 
 
 def kill_group(proc: Any) -> bool:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import datetime as dt
 import enum
+import hmac
 import json
 import mimetypes
 import os
-import queue
 import shutil
 import socket
 import subprocess
@@ -52,14 +53,15 @@ from ..modes import TaskMode, resolve_task_mode
 from ..reproduce import Limits, Reproducer, record_baseline
 from ..reproduce.runner import DEFAULT_MEMORY
 from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
-from ..sandbox.policy import Policy
+from ..sandbox.policy import Policy, ruleset_spec, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import CommandContext, Redactor, kill_group, run_command
-from ._kernel import KernelGeneration, kernel_env
+from ._kernel import KernelGeneration, close_thread_loop, kernel_env
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
+from ._pool import HostPool, Standby
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
 from ._server import CallServer, Emit
 from ._trace import TracedAccess, TraceLog, now_ns
@@ -154,6 +156,8 @@ class Host:
         reproduce_timeout: float | None = None,
         reproduce_memory: int | None = DEFAULT_MEMORY,
         trace: bool = True,
+        pool: HostPool | None = None,
+        spare: bool = False,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -183,6 +187,26 @@ class Host:
         #: Whether to trace file access at the OS level (docs/lineage.md); False leaves
         #: lineage to the in-kernel audit hook, and the record says so.
         self.trace = trace
+        if pool is not None and not isinstance(pool, HostPool):
+            raise BadArguments("pool must be a HostPool or None")
+        if not isinstance(spare, bool):
+            raise BadArguments("spare must be True or False")
+        #: Where the first kernel comes from when it is warm (host/_pool.py).
+        self.pool = pool
+        #: Keep the next generation's kernel started, so a restart is a swap.
+        self.spare = spare
+        self._standby: Standby | None = None
+        #: Why the pool did not serve this session (recorded with the first generation).
+        self._pool_miss: str | None = None
+        self._spare_kernel: KernelGeneration | None = None
+        self._spare_thread: threading.Thread | None = None
+        self._spare_lock = threading.Lock()
+        #: Why the last spare could not be started (recorded at the next restart).
+        self._spare_error: str | None = None
+        #: Folders the Host took over from a standby (removed at close).
+        self._owned_dirs: list[Path] = []
+        #: Threads reaping the kernels of earlier generations (joined at close).
+        self._retiring: list[threading.Thread] = []
         #: The current generation's tracer, None when untraced.
         self._trace: TraceLog | None = None
         #: What the record says about tracing: {"status": "seccomp"} or why not.
@@ -272,8 +296,12 @@ class Host:
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=_short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
         try:
-            self._private_dir = self._runtime_dir / "s"
-            self._private_dir.mkdir()
+            self._take_standby(confinement)
+            if self._standby is not None:
+                self._private_dir = self._standby.private
+            else:
+                self._private_dir = self._runtime_dir / "s"
+                self._private_dir.mkdir()
             self._server = CallServer(socket_path, self._dispatch)
             self._launch_env = self._build_env(socket_path)
             if confinement.active:
@@ -300,6 +328,36 @@ class Host:
             raise
         self.state = HostState.OPEN
         return self
+
+    def _take_standby(self, confinement: Confinement) -> None:
+        """A standby kernel from the pool, when it can serve this session; else why not."""
+        if self.pool is None:
+            return
+        hidden = frozenset(self.hide_env)
+        why = self.pool.refusal(confined=confinement.active,
+                                traced=confinement.active and self.trace
+                                and trace_unavailable() is None, hidden=hidden)
+        if why is None:
+            self._standby = self.pool.take(wait=self.startup_timeout)
+            if self._standby is None:
+                why = "no standby kernel was waiting"
+            else:
+                self._owned_dirs.append(self._standby.folder)
+        self._pool_miss = why
+
+    def _release_standby(self, why: str) -> None:
+        """The standby cannot serve this session after all: back to the pool, start cold."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return
+        self._pool_miss = why
+        assert self.pool is not None
+        self._owned_dirs.remove(standby.folder)
+        if self._private_dir == standby.private:
+            assert self._runtime_dir is not None
+            self._private_dir = self._runtime_dir / "s"
+            self._private_dir.mkdir(exist_ok=True)
+        self.pool.give_back(standby)
 
     def _build_env(self, socket_path: str) -> dict[str, str]:
         """The kernel's environment: the Host's, less its own secrets, plus the session's
@@ -397,6 +455,16 @@ class Host:
         if self._kernel is not None:
             self._kernel.stop()
             self._kernel = None
+        self._drop_spare()
+        for thread in self._retiring:
+            thread.join(timeout=30)
+        self._retiring.clear()
+        if self._standby is not None:
+            standby, self._standby = self._standby, None
+            standby.close()
+        for folder in self._owned_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._owned_dirs.clear()
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -427,40 +495,35 @@ class Host:
         generation = (self._prior_generations if previous is None else previous.generation) + 1
         if previous is not None:
             self._old_tokens.add(previous.token)
-            previous.stop()
+            self._retiring = [t for t in self._retiring if t.is_alive()]
+            self._retiring.append(previous.retire())
             self._kernel = None
             self.lineage.new_generation()
-        token = mint_token()
-        env = self._launch_env | {"HOST_KERNEL_TOKEN": token,
-                                  "HOST_KERNEL_GENERATION": str(generation)}
-        assert self._runtime_dir is not None
-        folder = self._runtime_dir / f"g{generation}"
-        folder.mkdir()
-        conn_file = folder / "kernel.json"
-        sandbox = None
-        why_untraced = self._why_untraced()
-        if self._policy is not None and self.confinement is not None:
-            sandbox = Sandbox(self._policy.with_generation(folder, conn_file),
-                              self.confinement.abi,
-                              trace_roots=None if why_untraced else TraceLog.roots(self.workspace))
+        body: dict[str, Any] = {"generation": generation, "reason": reason}
         self._trace = None
-        self._kernel = KernelGeneration(generation, token, conn_file, self.workdir, env,
-                                        self.startup_timeout, sandbox)
+        kernel = self._swap_in_spare(generation, body) if previous is not None else None
+        if kernel is None and self._standby is not None:
+            kernel = self._adopt_standby(generation, body)
+        if kernel is None:
+            kernel = self._new_kernel(generation)
+        self._kernel = kernel
+        why_untraced = self._why_untraced()
+        sandbox = kernel.sandbox
         if sandbox is not None and sandbox.traced:
             self._trace = TraceLog(sandbox, self.workspace)
         elif sandbox is not None and why_untraced is None:
             why_untraced = "the sandbox's init could not trace (see its hello)"
         self.tracing = ({"status": "seccomp"} if self._trace is not None else
                         {"status": "audit-hook", "reason": why_untraced})
-        body: dict[str, Any] = {"generation": generation, "reason": reason,
-                                "tracing": self.tracing}
+        body["tracing"] = self.tracing
         if sandbox is not None:
-            hello = self._kernel.hello
+            hello = kernel.hello
+            folder = kernel.folder
             body["confinement"] = {"status": "landlock",
                                    "pid_namespace": hello.get("pid_namespace"),
                                    "pid_namespace_reason": hello.get("reason"),
                                    "rules_added": [{"path": str(folder), "access": "write"},
-                                                   {"path": str(conn_file),
+                                                   {"path": str(folder / "kernel.json"),
                                                     "access": "read_file"}]}
             if self.confinement is not None and self.confinement.pid_namespace is None:
                 self.confinement = dataclasses.replace(
@@ -468,7 +531,138 @@ class Host:
                     pid_namespace_reason=hello.get("reason"))
         else:
             body["confinement"] = {"status": "none"}
+        if self.pool is not None and generation == self._prior_generations + 1 \
+                and "warm" not in body:
+            body["warm"] = {"pool": self.pool.id, "used": False, "reason": self._pool_miss}
         self._append("generation_started", body)
+        if self.spare:
+            self._start_spare(generation + 1)
+
+    def _generation_parts(self, generation: int, folder: Path
+                          ) -> tuple[str, dict[str, str], Policy | None, list[str] | None]:
+        """A generation's token, environment, policy (None unconfined) and trace roots."""
+        token = mint_token()
+        env = self._launch_env | {"HOST_KERNEL_TOKEN": token,
+                                  "HOST_KERNEL_GENERATION": str(generation)}
+        policy = None
+        if self._policy is not None and self.confinement is not None:
+            policy = self._policy.with_generation(folder, folder / "kernel.json")
+        roots = None if self._why_untraced() else TraceLog.roots(self.workspace)
+        return token, env, policy, roots
+
+    def _new_kernel(self, generation: int) -> KernelGeneration:
+        """A kernel started now, cold."""
+        assert self._runtime_dir is not None
+        folder = self._runtime_dir / f"g{generation}"
+        folder.mkdir()
+        token, env, policy, roots = self._generation_parts(generation, folder)
+        sandbox = None
+        if policy is not None and self.confinement is not None:
+            sandbox = Sandbox(policy, self.confinement.abi, trace_roots=roots)
+        return KernelGeneration(generation, token, folder / "kernel.json", self.workdir, env,
+                                self.startup_timeout, sandbox)
+
+    def _adopt_standby(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
+        """The pool's standby, narrowed to this session; None (and why, recorded) if not."""
+        standby = self._standby
+        assert standby is not None and self.pool is not None
+        token, env, policy, roots = self._generation_parts(generation, standby.folder)
+        if (policy is None) != (standby.sandbox is None):
+            self._release_standby("the standby's confinement is not the session's")
+            return None
+        if policy is not None and standby.broad is not None:
+            missing = uncovered(standby.broad, policy)
+            if missing:
+                self._release_standby(f"the pool's domain does not grant the session's rules "
+                                      f"on {', '.join(missing[:3])}")
+                return None
+        handed_out = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        self._standby = None
+        was_ready = standby.ready()
+        orders: dict[str, Any] = {"env": env, "cwd": str(self.workdir), "rules": None}
+        try:
+            if policy is not None and standby.sandbox is not None:
+                assert self.confinement is not None
+                standby.sandbox.narrow(policy, roots)
+                orders.update(rules=ruleset_spec(policy), abi=self.confinement.abi,
+                              network=policy.network)
+            kernel = KernelGeneration.adopt(generation, token, standby.manager, standby.sandbox,
+                                            standby.hello, standby.orders_fd, orders,
+                                            self.startup_timeout)
+        except (KernelError, SandboxError) as exc:
+            standby.stop()  # its folder holds the session's private one: the Host keeps it
+            self._pool_miss = f"the standby kernel failed: {exc}"
+            return None
+        os.close(standby.orders_fd)  # read by now: nothing more goes down that pipe
+        standby.orders_fd = -1
+        body["warm"] = {"pool": self.pool.id, "used": True, "standby_started": standby.started,
+                        "handed_out": handed_out, "ready": was_ready,
+                        "pool_writable": [] if standby.broad is None
+                        else list(standby.broad.writable)}
+        return kernel
+
+    # ------------------------------------------------------------------ the spare kernel
+
+    def _start_spare(self, generation: int) -> None:
+        """Start the next generation's kernel in the background, for a restart to swap in."""
+        with self._spare_lock:
+            if self._spare_thread is not None or self._spare_kernel is not None:
+                return
+            thread = threading.Thread(target=self._make_spare, args=(generation,),
+                                      name="host-kernel-spare", daemon=True)
+            self._spare_thread = thread
+        thread.start()
+
+    def _make_spare(self, generation: int) -> None:
+        kernel = None
+        error = None
+        try:
+            kernel = self._new_kernel(generation)
+        except (KernelError, SandboxError, OSError) as exc:
+            error = str(exc)
+        with self._spare_lock:
+            self._spare_thread = None
+            if self.state is HostState.CLOSED or self._kernel is None \
+                    or self._kernel.generation + 1 != generation:
+                stale = kernel
+                kernel = None
+            else:
+                stale = None
+                self._spare_kernel = kernel
+                self._spare_error = error
+        if stale is not None:
+            stale.stop()
+            shutil.rmtree(stale.folder, ignore_errors=True)
+        close_thread_loop()
+
+    def _swap_in_spare(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
+        """The spare, when one was started for this generation and is alive; else None."""
+        if not self.spare:
+            return None
+        thread = self._spare_thread
+        if thread is not None:
+            thread.join(self.startup_timeout)  # still starting: still sooner than anew
+        with self._spare_lock:
+            spare, self._spare_kernel = self._spare_kernel, None
+            error, self._spare_error = self._spare_error, None
+        if spare is not None and (spare.generation != generation or not spare.is_alive()):
+            spare.stop()
+            shutil.rmtree(spare.folder, ignore_errors=True)
+            error = "the spare kernel died while it waited"
+            spare = None
+        body["spare"] = {"used": spare is not None} | ({} if spare else {"reason": error or
+                                                        "no spare kernel had started"})
+        return spare
+
+    def _drop_spare(self) -> None:
+        thread = self._spare_thread
+        if thread is not None:
+            thread.join(self.startup_timeout)
+        with self._spare_lock:
+            spare, self._spare_kernel = self._spare_kernel, None
+        if spare is not None:
+            spare.stop()
+            shutil.rmtree(spare.folder, ignore_errors=True)
 
     def _why_untraced(self) -> str | None:
         """Why this session's file access cannot be traced at the OS level, or None."""
@@ -560,19 +754,21 @@ class Host:
             if run.status == "kernel_died":
                 old = kernel.generation
                 self._start_generation("kernel_died")
-                notice = _join(notice, f"The kernel died while running this cell (generation {old}). "
-                          f"The Host started generation {self.generation}: every variable, "
-                          f"import and object in memory is gone. What survives: workspace "
-                          f"files, saved artifacts and the record.")
+                notice = _join(notice, f"The kernel died while running this cell (generation "
+                                       f"{old}). The Host started generation {self.generation}: "
+                                       f"every variable, import and object in memory is gone. "
+                                       f"What survives: workspace files, saved artifacts and "
+                                       f"the record.")
             elif run.status == "timeout":
                 if run.stuck:
                     old = kernel.generation
                     self._start_generation("timeout")
-                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout and did not stop "
-                              f"within {INTERRUPT_GRACE:g} s of an interrupt, so the Host "
-                              f"restarted the kernel: generation {old} → {self.generation}; "
-                              f"in-memory state is gone. Workspace files, artifacts and the "
-                              f"record survive.")
+                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout and "
+                                           f"did not stop within {INTERRUPT_GRACE:g} s of an "
+                                           f"interrupt, so the Host restarted the kernel: "
+                                           f"generation {old} → {self.generation}; in-memory "
+                                           f"state is gone. Workspace files, artifacts and the "
+                                           f"record survive.")
                 else:
                     notice = _join(notice, f"The cell ran past its {timeout:g} s timeout; the Host "
                               f"interrupted it (KeyboardInterrupt). The kernel and its state "
@@ -676,13 +872,21 @@ class Host:
 
     def _run(self, kernel: KernelGeneration, code: str, cell_id: str,
              timeout: float | None) -> _Run:
+        """Send the cell and collect what it produced, until the kernel's ``idle`` for it.
+
+        Reads the client's IOPub and shell sockets directly, in this thread: each
+        message's signature is checked and only the parts this request needs are
+        parsed (jupyter_client's blocking getters would add an event-loop turn and
+        date parsing to every message).
+        """
         kc = kernel.client
+        assert kc is not None
         content = {"code": code, "silent": False, "store_history": True,
                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
         msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
-        msg_id = msg["header"]["msg_id"]
+        run = _Run(kc.session, msg["header"]["msg_id"])
         kc.shell_channel.send(msg)
-        run = _Run()
+        iopub = kc.iopub_channel.socket
         collector = _Outputs()
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
@@ -705,11 +909,10 @@ class Host:
             wait = LIVENESS_POLL
             if deadline is not None and interrupted_at is None:
                 wait = max(0.0, min(wait, deadline - now))
-            try:
-                reply = kc.get_iopub_msg(timeout=wait)
-            except queue.Empty:
+            if not iopub.poll(int(wait * 1000) + 1):
                 continue
-            if reply["parent_header"].get("msg_id") != msg_id:
+            reply = run.receive(iopub)
+            if reply is None:
                 continue
             mtype = reply["msg_type"]
             if mtype == "status":
@@ -717,8 +920,7 @@ class Host:
                     break
             elif mtype == "execute_input":
                 run.execution_count = reply["content"].get("execution_count")
-            elif mtype in ("stream", "display_data", "execute_result", "error",
-                           "clear_output", "update_display_data"):
+            elif mtype in _Outputs.KINDS:
                 collector.add(reply)
         run.outputs = collector.final
         run.dropped_chars = collector.dropped
@@ -727,19 +929,19 @@ class Host:
                 run.status = "error"
         run.access = self._pending_access.pop(cell_id, None)
         if not run.stuck and run.status != "kernel_died":
-            self._drain_shell(kc, msg_id)
+            self._drain_shell(run, kc.shell_channel.socket)
         return run
 
     @staticmethod
-    def _drain_shell(kc: Any, msg_id: str) -> None:
-        """Take the execute_reply off the shell channel so replies never pile up."""
+    def _drain_shell(run: _Run, shell: Any) -> None:
+        """Take the execute_reply off the shell socket so replies never pile up (it came
+        before the ``idle``, so it is normally there already)."""
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            try:
-                reply = kc.get_shell_msg(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not shell.poll(int(left * 1000) + 1):
                 return
-            if reply["parent_header"].get("msg_id") == msg_id:
+            if run.receive(shell, content=False) is not None:
                 return
 
     # ------------------------------------------------------------------ the call channel
@@ -1091,25 +1293,83 @@ def _join(first: str | None, second: str) -> str:
 
 
 class _Run:
-    """What one execute_request produced, while it is being collected."""
+    """What one execute_request produced, while it is being collected; and the reader of
+    its replies.
 
-    def __init__(self) -> None:
+    :meth:`receive` takes one message off a kernel socket and returns it only when it
+    answers this request and carries a valid signature (the Session's key; a replayed
+    signature counts as invalid). It parses the parent header, then the header and
+    content of those it keeps, and nothing of the others; dates stay strings.
+    """
+
+    def __init__(self, session: Any, msg_id: str) -> None:
         self.status: Status = "ok"
         self.stuck = False
         self.execution_count: int | None = None
         self.outputs: list[dict[str, Any]] = []
         self.dropped_chars = 0
         self.access: Any = None
+        self._session = session
+        self._msg_id = msg_id
+        self._signatures: set[bytes] = set()
+
+    def receive(self, socket: Any, *, content: bool = True) -> dict[str, Any] | None:
+        """The next message on ``socket`` (which has one ready) if it is for this request:
+        ``{"msg_type", "header", "parent_header", "content"}``; else None."""
+        try:
+            _, parts = self._session.feed_identities(socket.recv_multipart())
+            if len(parts) < 5:
+                return None
+            parent = json.loads(parts[2])
+            if not isinstance(parent, dict) or parent.get("msg_id") != self._msg_id:
+                return None
+            signature = parts[0]
+            if self._session.auth is not None:
+                if (signature in self._signatures or not hmac.compare_digest(
+                        signature, self._session.sign(parts[1:5]))):
+                    return None
+                self._signatures.add(signature)
+            header = json.loads(parts[1])
+            body = json.loads(parts[4].decode("utf-8", "replace")) if content else {}
+        except ValueError:  # no delimiter, or not JSON: nothing the kernel sent us
+            return None
+        if not isinstance(header, dict) or not isinstance(body, dict):
+            return None
+        return {"msg_type": header.get("msg_type"), "header": header, "parent_header": parent,
+                "content": body}
 
 
 class _Outputs:
-    """Fold IOPub messages into nbformat v4 outputs, as a notebook frontend would."""
+    """Fold IOPub messages into nbformat v4 outputs, as a notebook frontend would.
+
+    Consecutive stream text of one name is kept as pieces and joined once, when
+    :attr:`final` is read, so a cell printing many small chunks costs linear time.
+    Outputs already handed out by :attr:`final` are never changed afterwards.
+    """
+
+    #: The IOPub message types that make or change outputs.
+    KINDS = frozenset({"stream", "display_data", "execute_result", "error", "clear_output",
+                       "update_display_data"})
 
     def __init__(self) -> None:
         self.outputs: list[dict[str, Any]] = []
+        #: The display id of each output (None for most), beside ``outputs``.
+        self._display_ids: list[str | None] = []
+        #: The last output's stream text, in pieces, while more may follow.
+        self._pieces: list[str] | None = None
         self.kept_chars = 0
         self.dropped = 0
         self._clear_pending = False
+
+    def _clear(self) -> None:
+        self.outputs.clear()
+        self._display_ids.clear()
+        self._pieces = None
+
+    def _seal(self) -> None:
+        if self._pieces is not None:
+            self.outputs[-1]["text"] = "".join(self._pieces)
+            self._pieces = None
 
     def add(self, msg: dict[str, Any]) -> None:
         mtype = msg["msg_type"]
@@ -1118,20 +1378,26 @@ class _Outputs:
             if content.get("wait"):
                 self._clear_pending = True
             else:
-                self.outputs.clear()
+                self._clear()
             return
         if mtype == "update_display_data":
-            display_id = content.get("transient", {}).get("display_id")
-            for out in self.outputs:
-                if out.get("_display_id") == display_id and display_id is not None:
-                    out["data"] = content.get("data", {})
-                    out["metadata"] = content.get("metadata", {})
+            display_id = (content.get("transient") or {}).get("display_id")
+            if display_id is None:
+                return
+            self._seal()
+            for i, shown in enumerate(self._display_ids):
+                if shown == display_id:
+                    self.outputs[i] = {**self.outputs[i], "data": content.get("data", {}),
+                                       "metadata": content.get("metadata", {})}
             return
         if self._clear_pending:
-            self.outputs.clear()
+            self._clear()
             self._clear_pending = False
         if mtype == "stream":
             text = content.get("text", "")
+            name = content.get("name")
+            if not isinstance(text, str) or not isinstance(name, str):
+                return
             room = RECORD_OUTPUT_LIMIT - self.kept_chars
             if len(text) > room:
                 self.dropped += len(text) - max(room, 0)
@@ -1140,17 +1406,27 @@ class _Outputs:
                     return
             self.kept_chars += len(text)
             last = self.outputs[-1] if self.outputs else None
-            if last is not None and last["output_type"] == "stream" and last["name"] == content["name"]:
-                last["text"] += text
+            if last is not None and last["output_type"] == "stream" and last["name"] == name:
+                if self._pieces is None:  # sealed (handed out): go on in a copy
+                    self.outputs[-1] = {**last}
+                    self._pieces = [last["text"]]
+                self._pieces.append(text)
                 return
-            self.outputs.append({"output_type": "stream", "name": content["name"], "text": text})
+            self._seal()
+            self.outputs.append({"output_type": "stream", "name": name, "text": text})
+            self._display_ids.append(None)
+            self._pieces = [text]
             return
-        out = dict(nbformat.v4.output_from_msg(msg))
-        display_id = content.get("transient", {}).get("display_id")
-        if display_id:
-            out["_display_id"] = display_id
+        try:
+            out = dict(nbformat.v4.output_from_msg(msg))
+        except (KeyError, TypeError, ValueError, nbformat.ValidationError):
+            return  # not an output nbformat can hold (the kernel is not trusted): not kept
+        self._seal()
         self.outputs.append(out)
+        display_id = (content.get("transient") or {}).get("display_id")
+        self._display_ids.append(display_id if isinstance(display_id, str) else None)
 
     @property
     def final(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in o.items() if k != "_display_id"} for o in self.outputs]
+        self._seal()
+        return list(self.outputs)

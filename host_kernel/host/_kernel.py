@@ -8,11 +8,18 @@ It does not run cells; the Host does.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
+import zmq
 from jupyter_client.blocking import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
@@ -21,15 +28,27 @@ from .._errors import KernelError
 from ..sandbox.client import Sandbox, SandboxError
 from ..sandbox.init import SPAWNER_PID
 
-__all__ = ["KernelGeneration", "kernel_env"]
+__all__ = ["KernelGeneration", "kernel_env", "standby_argv"]
 
 EXTENSION = "host_kernel.kernel.extension"
+#: Milliseconds between a client's tries to connect to a kernel that has not bound yet.
+RECONNECT_MS = 5
 
 
 def kernel_argv(sandbox: Sandbox | None) -> list[str]:
-    """The kernel's command line: confined behind the sandbox's init, or bare."""
+    """The kernel's command line: confined behind the sandbox's init, or bare.
+
+    Tuned for a cell path the Host records itself (docs/record.md, "What a cell
+    commits"): IPython's history lives in an in-memory database, so a cell costs the
+    kernel no file write, no fsync and no thread (``In``, ``Out``, ``_i``/``_iN``,
+    ``%history`` and a frontend's ``history_request`` still work, for this kernel's
+    cells; nothing is kept across kernels, the record is the history), and
+    ipykernel's half-millisecond pause before each ``execute_reply`` is dropped (the
+    Host waits for the iopub ``idle`` status, which follows every output).
+    """
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-            f"--IPKernelApp.extra_extensions={EXTENSION}"]
+            f"--IPKernelApp.extra_extensions={EXTENSION}",
+            "--HistoryManager.hist_file=:memory:", "--Kernel._execute_sleep=0"]
     if sandbox is None:
         # parent_handle: ipykernel exits when its parent (this Host) is gone, so a
         # Host killed with SIGKILL leaves no orphan kernel behind. In a sandbox the
@@ -38,6 +57,14 @@ def kernel_argv(sandbox: Sandbox | None) -> list[str]:
     # The kernel's parent is the sandbox's spawner (pid 1 in its PID namespace), which
     # init writes in place of the placeholder; ipykernel then watches the right parent.
     return sandbox.argv(argv + [f"--IPKernelApp.parent_handle={SPAWNER_PID}"])
+
+
+def standby_argv(sandbox: Sandbox | None) -> list[str]:
+    """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby."""
+    argv = kernel_argv(sandbox)
+    at = argv.index("ipykernel_launcher")
+    argv[at] = "host_kernel.kernel.standby"
+    return argv
 
 
 class _OwnSpec(KernelSpecManager):  # type: ignore[misc]
@@ -72,37 +99,74 @@ def kernel_env(base: dict[str, str]) -> dict[str, str]:
 
 
 class KernelGeneration:
-    """The kernel process and client of one generation."""
+    """The kernel process and client of one generation.
+
+    Started cold here (:meth:`__init__`), or :meth:`adopt`-ed from a standby kernel
+    that a pool started earlier (host_kernel/host/_pool.py).
+    """
+
+    #: What init said when it started (PID namespace or why not); empty unconfined.
+    hello: dict[str, Any]
+    #: Set once the kernel's channels are connected.
+    client: BlockingKernelClient
 
     def __init__(self, generation: int, token: str, conn_file: Path, cwd: Path,
                  env: dict[str, str], startup_timeout: float,
                  sandbox: Sandbox | None = None) -> None:
+        manager = new_manager(conn_file, kernel_argv(sandbox))
+        self._setup(generation, token, manager, sandbox)
+        try:
+            if sandbox is None:
+                manager.start_kernel(cwd=str(cwd), env=env)
+            else:
+                manager.start_kernel(cwd=str(cwd), env=env, pass_fds=sandbox.pass_fds)
+                self.hello = sandbox.started()
+            self._connect(startup_timeout)
+        except (Exception, SandboxError) as exc:
+            self.stop()
+            raise KernelError(
+                f"the kernel of generation {generation} did not start: {exc}") from exc
+
+    def _setup(self, generation: int, token: str, manager: KernelManager,
+               sandbox: Sandbox | None) -> None:
         self.generation = generation
         self.token = token
         self.sandbox = sandbox
+        self.manager = manager
+        #: The generation's folder: its connection file and IPC sockets.
+        self.folder = Path(manager.connection_file).parent
         #: What init said when it started (PID namespace or why not); empty unconfined.
-        self.hello: dict[str, Any] = {}
-        self.manager = KernelManager(transport="ipc", connection_file=str(conn_file),
-                                     kernel_spec_manager=_OwnSpec(kernel_argv(sandbox)),
-                                     kernel_name="host_kernel")
+        self.hello = {}
+
+    @classmethod
+    def adopt(cls, generation: int, token: str, manager: KernelManager,
+              sandbox: Sandbox | None, hello: dict[str, Any], orders_fd: int,
+              orders: dict[str, Any], startup_timeout: float) -> KernelGeneration:
+        """Hand a standby kernel its session's ``orders`` on the pipe it reads them from
+        (``orders_fd``; host_kernel/kernel/standby.py) and wait until it answers as this
+        generation's kernel."""
+        self = cls.__new__(cls)
+        self._setup(generation, token, manager, sandbox)
+        self.hello = hello
         try:
-            if sandbox is None:
-                self.manager.start_kernel(cwd=str(cwd), env=env)
-            else:
-                self.manager.start_kernel(cwd=str(cwd), env=env, pass_fds=sandbox.pass_fds)
-                self.hello = sandbox.started()
-            self.client: BlockingKernelClient = self.manager.client()
-            self.client.start_channels()
-            self.client.wait_for_ready(timeout=startup_timeout)
+            data = json.dumps(orders).encode() + b"\n"
+            while data:  # (a pipe; a large environment may take more than one write)
+                data = data[os.write(orders_fd, data):]
+            self._connect(startup_timeout)
         except (Exception, SandboxError) as exc:
             self.stop()
-            raise KernelError(f"the kernel of generation {generation} did not start: {exc}") from exc
+            raise KernelError(f"the standby kernel did not take generation {generation}: "
+                              f"{exc}") from exc
+        return self
+
+    def _connect(self, timeout: float) -> None:
+        self.client = self.manager.client()
+        self.client.start_channels()
+        wait_ready(self.client, self.manager, timeout)
 
     @property
     def pid(self) -> int | None:
-        prov: Any = self.manager.provisioner
-        proc = getattr(prov, "process", None)
-        return None if proc is None else int(proc.pid)
+        return manager_pid(self.manager)
 
     def is_alive(self) -> bool:
         return bool(self.manager.is_alive())
@@ -113,14 +177,144 @@ class KernelGeneration:
 
     def stop(self) -> None:
         """Stop the kernel now and release its channels and IPC files."""
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.stop_channels()
-        try:
-            if self.manager.has_kernel:
-                self.manager.shutdown_kernel(now=True)
-        except Exception:  # already dead or never started: what matters is cleanup below
-            pass
-        self.manager.cleanup_resources(restart=False)
+        stop_manager(self.manager, getattr(self, "client", None), self.sandbox)
+
+    def retire(self) -> threading.Thread:
+        """End the kernel's processes now; reap them and release the rest in the background.
+
+        jupyter_client's own stop polls every 0.1 s until the process is reaped: a
+        restart should not wait for that. The processes are killed before this returns
+        (SIGKILL to the kernel's process group, and a sandbox's init takes its whole
+        PID namespace down), so nothing of this generation runs beside the next.
+        """
+        kill_now(self.manager)
         if self.sandbox is not None:
             self.sandbox.close()
+
+        def finish() -> None:
+            try:
+                self.stop()
+            finally:
+                close_thread_loop()
+
+        thread = threading.Thread(target=finish, name=f"host-kernel-retire-{self.generation}",
+                                  daemon=True)
+        thread.start()
+        return thread
+
+
+def new_manager(conn_file: Path, argv: list[str]) -> KernelManager:
+    """A KernelManager for our own kernel command line, over IPC in ``conn_file``'s folder.
+
+    Its ZeroMQ context retries a connection every few milliseconds (not ZeroMQ's 100 ms),
+    so a client that connects before the kernel has bound is ready as soon as it binds.
+    """
+    return KernelManager(transport="ipc", connection_file=str(conn_file),
+                         kernel_spec_manager=_OwnSpec(argv), kernel_name="host_kernel",
+                         context=_context())
+
+
+_CONTEXT: zmq.Context[Any] | None = None
+_CONTEXT_LOCK = threading.Lock()
+
+
+def _context() -> zmq.Context[Any]:
+    global _CONTEXT
+    with _CONTEXT_LOCK:
+        if _CONTEXT is None or _CONTEXT.closed:
+            ctx: zmq.Context[Any] = zmq.Context()
+            ctx.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+            _CONTEXT = ctx
+        return _CONTEXT
+
+
+def wait_ready(client: BlockingKernelClient, manager: KernelManager, timeout: float) -> None:
+    """Return once the kernel answers ``kernel_info`` and its IOPub reaches the client.
+
+    jupyter_client's ``wait_for_ready`` gives IOPub a fixed 0.2 s per try; this asks
+    again every few milliseconds instead, so a kernel that is ready is seen at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        client.kernel_info()
+        try:
+            reply = client.get_shell_msg(timeout=0.25)
+        except Empty:
+            reply = None
+        if reply is not None and reply["msg_type"] == "kernel_info_reply":
+            # A subscription takes a moment to reach the kernel: until some IOPub
+            # message arrives, the first cell's output could be lost.
+            try:
+                client.get_iopub_msg(timeout=0.01)
+            except Empty:
+                pass
+            else:
+                return  # (stray replies are skipped by their parent's id: Host._run)
+        if not manager.is_alive():
+            raise KernelError("the kernel died before it was ready")
+        if time.monotonic() > deadline:
+            raise KernelError(f"the kernel was not ready within {timeout:g} s")
+
+
+def close_thread_loop() -> None:
+    """Close the event loop jupyter_client's blocking calls made for this thread.
+
+    Each thread that starts or stops a kernel gets one (jupyter_core's ``run_sync``);
+    a background thread that ends must close its own, or it is left to the collector.
+    """
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return
+    if not loop.is_running() and not loop.is_closed():
+        loop.close()
+    asyncio.set_event_loop(None)
+
+
+def manager_pid(manager: KernelManager) -> int | None:
+    prov: Any = manager.provisioner
+    proc = getattr(prov, "process", None)
+    return None if proc is None else int(proc.pid)
+
+
+def kill_now(manager: KernelManager) -> Any:
+    """SIGKILL the kernel's process group (the kernel, or a sandbox's launcher and all it
+    started); returns the process, or None when there is none left to kill."""
+    prov: Any = manager.provisioner
+    proc = getattr(prov, "process", None)
+    if proc is None or proc.poll() is not None:
+        return None
+    try:
+        pgid = getattr(prov, "pgid", None)
+        if pgid:
+            os.killpg(pgid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except OSError:
+        pass  # gone already
+    return proc
+
+
+def stop_manager(manager: KernelManager, client: BlockingKernelClient | None,
+                 sandbox: Sandbox | None) -> None:
+    """Stop a kernel now and release its channels, IPC files and sandbox.
+
+    The kernel is killed and reaped here (a blocking wait, not jupyter_client's
+    polls every 0.1 s); jupyter_client's own shutdown then only tidies up.
+    """
+    if client is not None:
+        client.stop_channels()
+    proc = kill_now(manager)
+    if sandbox is not None:
+        sandbox.close()
+    if proc is not None:
+        try:
+            proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - jupyter_client's shutdown below tries again
+            pass
+    try:
+        if manager.has_kernel:
+            manager.shutdown_kernel(now=True)
+    except Exception:  # already dead or never started: what matters is cleanup below
+        pass
+    manager.cleanup_resources(restart=False)

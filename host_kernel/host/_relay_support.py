@@ -119,13 +119,17 @@ class RelayHost(Host):
         if problems:
             raise RecordError(f"cannot continue session {resume.session}: the chain is broken "
                               f"({problems[0]})")
-        rows = self.ledger.query("SELECT seq, hash, kind, body FROM events WHERE session = ? "
-                                 "ORDER BY seq", (resume.session,))
+        # Every event's seq and hash, but only the first one's body: a long session's
+        # outputs are not read back just to continue it.
+        rows = self.ledger.query("SELECT seq, hash FROM events WHERE session = ? ORDER BY seq",
+                                 (resume.session,))
         mine = {r["seq"]: r["hash"] for r in rows}
         if mine.get(resume.last_seq) != resume.last_hash or max(mine, default=0) != resume.last_seq:
             raise RecordError(f"cannot continue session {resume.session}: its events are not "
                               f"the ones the previous relay process left")
-        started = json.loads(rows[0]["body"]) if rows and rows[0]["kind"] == "session_started" \
+        first = self.ledger.query("SELECT kind, body FROM events WHERE seq = ?",
+                                  (rows[0]["seq"],))
+        started = json.loads(first[0]["body"]) if first and first[0]["kind"] == "session_started" \
             else None
         if started is None or started.get("workdir") != str(self.workdir):
             raise RecordError(f"cannot continue session {resume.session} from {self.workdir}")

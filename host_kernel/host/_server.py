@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import socketserver
 import threading
 from collections.abc import Callable
@@ -113,7 +114,18 @@ class CallServer:
         self._thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
+        # serve_forever notices a shutdown only between polls (0.2 s): wake it with
+        # empty connections (each ends at once) until it has stopped.
+        stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopper.start()
+        while stopper.is_alive():
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                    wake.settimeout(1.0)
+                    wake.connect(self.socket_path)
+            except OSError:
+                pass
+            stopper.join(0.005)
         self._server.server_close()
         self._thread.join(timeout=5)
         try:

@@ -25,7 +25,8 @@ from ..sandbox.client import Sandbox
 from ..sandbox.trace import EXEC, LINK, READ, READ_WRITE, REMOVE, RENAME, WRITE
 from ._workspace import Workspace
 
-__all__ = ["KERNEL", "TraceLog", "TracedAccess"]
+__all__ = ["GONE", "KERNEL", "LINK", "MAYBE", "MOVED_IN", "RENAME", "SLACK_NS", "Before",
+           "TraceLog", "TracedAccess", "WROTE"]
 
 #: The source of the kernel's own process tree (cells, their subprocesses and workers).
 KERNEL = 0
@@ -33,9 +34,30 @@ KERNEL = 0
 MAX_PENDING = 2_000_000
 #: Most paths of each kind kept in one owner's record entry.
 MAX_LISTED = 10_000
-#: A file opened for reading and writing counts as written when its modification time is
-#: no earlier than this before the owner started (file systems stamp with a coarse clock).
-_MTIME_SLACK_NS = 20_000_000
+#: A file opened for reading and writing counts as written when its change time is no
+#: earlier than this before the owner started (file systems stamp with a coarse clock).
+SLACK_NS = 20_000_000
+#: How an owner may have changed a path (:attr:`TracedAccess.changed`).
+WROTE, MOVED_IN, GONE, MAYBE = "w", "to", "from", "rw"
+_WRITE_KINDS = frozenset([WRITE, READ_WRITE, RENAME, LINK, REMOVE])
+
+
+@dataclass(frozen=True, slots=True)
+class Before:
+    """A path's state at a command's first call that might change it, as the supervisor
+    saw it while the caller waited (host_kernel/sandbox/trace.py)."""
+
+    #: Orders the states the supervisor took (smaller: earlier).
+    seq: int
+    #: trace.MISSING, FILE, FOLDER, SYMLINK, OTHER or UNKNOWN.
+    kind: str
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+    #: sha256 of a regular file's bytes; None when not hashed (over the bound, more than
+    #: one name, past the command's budget) or not a regular file.
+    sha256: str | None
 
 
 @dataclass
@@ -51,6 +73,18 @@ class TracedAccess:
     dropped: int = 0
     #: Why some process of the generation went untraced (init said), if one did.
     error: str | None = None
+    #: Every workspace path, as named (bytecode not mapped to its source), that this owner
+    #: may have changed, with how: WROTE (opened for writing, truncated), MOVED_IN (renamed
+    #: or hard-linked to), GONE (removed, or renamed away), MAYBE (opened for reading and
+    #: writing, or hard-linked from: its change time decides). The receipt's changes.
+    changed: dict[str, set[str]] = field(default_factory=dict)
+    #: Renames and hard links within the workspace, as named: (kind, from, to).
+    moves: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Paths other owners opened for writing, renamed or removed while this one ran.
+    others: list[str] = field(default_factory=list)
+    #: A command's before-states, by workspace path (symlinks resolved as its calls
+    #: resolved them): what each path was at the command's first call that might change it.
+    before: dict[str, Before] = field(default_factory=dict)
 
     def access(self) -> dict[str, Any]:
         """The shape the lineage tracker reads (host/_lineage.py)."""
@@ -92,6 +126,8 @@ class TraceLog:
         self._root = str(workspace.root) + "/"
         self._record = str(workspace.record) + "/"
         self._pending: list[tuple[Any, ...]] = []
+        #: source → workspace path → its first before-state (a command's own).
+        self._before: dict[int, dict[str, Before]] = {}
         self._lock = threading.Lock()
         self.dropped = 0
         #: Why some process of the generation went untraced (init says), if it did.
@@ -103,8 +139,15 @@ class TraceLog:
         return [str(workspace.root)]
 
     def _pull(self) -> None:
-        accesses, dropped, error = self.sandbox.collect_trace()
+        accesses, dropped, error, before = self.sandbox.collect_trace()
         self.dropped += dropped
+        for seq, source, path, *state in before:
+            rel = self._inside(path)
+            if rel is None:
+                continue
+            mine = self._before.setdefault(source, {})
+            if rel not in mine or mine[rel].seq > seq:
+                mine[rel] = Before(seq, *state)
         if error and self.error is None:
             self.error = error
         self._pending.extend(accesses)
@@ -137,18 +180,43 @@ class TraceLog:
         out.error = self.error
         return out
 
-    def for_command(self, pid: int, since_wall_ns: int | None = None) -> TracedAccess:
-        """The accesses of the command whose process is ``pid`` (in the sandbox), taken."""
+    def for_command(self, pid: int, since_wall_ns: int | None = None,
+                    since_ns: int | None = None) -> TracedAccess:
+        """The accesses of the command whose process is ``pid`` (in the sandbox), taken.
+
+        ``dropped`` counts every access dropped since the last cell ended (some may be
+        this command's); ``others`` lists what other owners wrote from ``since_ns``
+        (monotonic, less the slack) on, left in place for them.
+        """
         with self._lock:
             self._pull()
             mine = [a for a in self._pending if a[1] == pid]
             self._pending = [a for a in self._pending if a[1] != pid]
-        return self._shape(mine, since_wall_ns)
+            before = self._before.pop(pid, {})
+            dropped = self.dropped
+            others: dict[str, None] = {}
+            if since_ns is not None:
+                for a in self._pending:
+                    if a[2] in _WRITE_KINDS and a[0] >= since_ns - SLACK_NS:
+                        for path in a[3:]:
+                            rel = self._inside(path)
+                            if rel is not None:
+                                others[rel] = None
+        out = self._shape(mine, since_wall_ns)
+        out.dropped = dropped
+        out.error = self.error
+        out.others = list(others)
+        out.before = before
+        return out
 
-    def _relative(self, path: str) -> str | None:
+    def _inside(self, path: str) -> str | None:
+        """The workspace-relative path as named; None outside it or inside the record."""
         if (path + "/").startswith(self._record) or not path.startswith(self._root):
             return None  # outside the workspace, or the record (never an input)
-        rel = path[len(self._root):]
+        return path[len(self._root):] or None
+
+    def _relative(self, path: str) -> str | None:
+        rel = self._inside(path)
         return _source_of_bytecode(rel) if rel else None
 
     def _shape(self, accesses: list[tuple[Any, ...]], since_wall_ns: int | None) -> TracedAccess:
@@ -157,9 +225,30 @@ class TraceLog:
         removes: dict[str, None] = {}
         renames: list[tuple[str, str]] = []
         maybe_written: dict[str, None] = {}
+        changed: dict[str, set[str]] = {}
+        moves: list[tuple[str, str, str]] = []
+
+        def note(path: str | None, how: str) -> str | None:
+            raw = None if path is None else self._inside(path)
+            if raw is not None:
+                changed.setdefault(raw, set()).add(how)
+            return raw
+
         for access in sorted(accesses, key=lambda a: a[0]):
             kind = access[2]
             rel = self._relative(access[3])
+            if kind == WRITE:
+                note(access[3], WROTE)
+            elif kind == READ_WRITE:
+                note(access[3], MAYBE)
+            elif kind == REMOVE:
+                note(access[3], GONE)
+            elif kind in (RENAME, LINK):
+                # A hard link's source shares its bytes with the new name from now on.
+                src = note(access[3], GONE if kind == RENAME else MAYBE)
+                dst = note(access[4], MOVED_IN)
+                if src is not None and dst is not None:
+                    moves.append((kind, src, dst))
             if kind in (READ, EXEC, READ_WRITE):
                 if rel is not None:
                     reads[rel] = None
@@ -192,7 +281,8 @@ class TraceLog:
         for rel in maybe_written:
             if rel not in writes and self._changed_since(rel, since_wall_ns):
                 writes[rel] = None
-        return TracedAccess(list(reads), list(writes), renames, list(removes))
+        return TracedAccess(list(reads), list(writes), renames, list(removes),
+                            changed=changed, moves=moves)
 
     def _changed_since(self, rel: str, since_wall_ns: int | None) -> bool:
         if since_wall_ns is None:
@@ -201,7 +291,9 @@ class TraceLog:
             st = os.stat(self.workspace.root / rel, follow_symlinks=False)
         except OSError:
             return False
-        return st.st_mtime_ns >= since_wall_ns - _MTIME_SLACK_NS
+        # The change time, not the modification time: a process can set the latter back
+        # (os.utime) but never the former.
+        return st.st_ctime_ns >= since_wall_ns - SLACK_NS
 
 
 def _bytecode(path: str) -> bool:

@@ -13,10 +13,12 @@ Host does.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from io import BufferedReader
@@ -25,7 +27,9 @@ from pathlib import Path, PurePosixPath
 from .._errors import BadArguments, FileProblem, HostCallError, PathRefused, StorageError
 from ..store.blobs import open_beneath, open_regular
 
-__all__ = ["Workspace", "WrittenFile", "cached_sha256", "file_sha256", "snapshot"]
+__all__ = ["SKIPPED_FOLDERS", "Workspace", "WrittenFile", "birth_ns", "cached_sha256",
+           "changed_since",
+           "file_sha256", "snapshot", "stat_key"]
 
 MAX_PATH_CHARS = 4096
 
@@ -198,7 +202,8 @@ def file_sha256(path: Path, *, follow_symlinks: bool = True,
 #: ctime cannot be set by a process (os.utime changes it too), so restoring a file's
 #: mtime after changing its bytes does not fool the cache.
 FileStat = tuple[int, int, int, int]
-HashCache = dict[str, tuple[FileStat, str]]
+#: path → (its stat key, its sha256, the wall-clock ns just before that key was taken).
+HashCache = dict[str, tuple[FileStat, str, int]]
 
 
 def stat_key(st: os.stat_result) -> FileStat:
@@ -234,20 +239,45 @@ def cached_sha256(root: Path, rel: str, cache: HashCache,
         return None
     with f:
         try:
+            taken = time.time_ns()
             key = stat_key(os.fstat(f.fileno()))
             if hit is not None and hit[0] == key:
                 return hit[1]
             sha = hashlib.file_digest(f, "sha256").hexdigest()
             if stat_key(os.fstat(f.fileno())) == key:
-                cache[rel] = (key, sha)
+                cache[rel] = (key, sha, taken)
         except OSError:
             return None
     return sha
 
 
-def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, FileStat], bool]:
-    """(relative path → its stat key) for regular files under root, and a truncated flag."""
-    found: dict[str, FileStat] = {}
+_libc = ctypes.CDLL(None, use_errno=True)
+_statx = getattr(_libc, "statx", None)
+_STATX_BTIME = 0x800
+_AT_SYMLINK_NOFOLLOW = 0x100
+
+
+def birth_ns(path: str) -> int | None:
+    """When the file at ``path`` (not followed) was created, in wall-clock ns; None where
+    the file system or the C library does not say (statx(2), ``STATX_BTIME``)."""
+    if _statx is None:
+        return None
+    buf = ctypes.create_string_buffer(256)
+    if _statx(-100, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, _STATX_BTIME, buf) != 0:
+        return None
+    if not int.from_bytes(buf.raw[0:4], "little") & _STATX_BTIME:
+        return None
+    sec = int.from_bytes(buf.raw[80:88], "little", signed=True)
+    return sec * 1_000_000_000 + int.from_bytes(buf.raw[88:92], "little")
+
+
+#: Folders a workspace walk never enters, and whose files are never a command's change.
+SKIPPED_FOLDERS = (".git", "__pycache__")
+
+
+def _walk(root: Path, skip: Path) -> Iterator[os.DirEntry[str]]:
+    """Every regular file under root (symlinks not followed), outside ``skip`` and
+    :data:`SKIPPED_FOLDERS`."""
 
     def walk(folder: str) -> Iterator[os.DirEntry[str]]:
         try:
@@ -257,14 +287,20 @@ def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, Fil
             return
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                if entry.path == str(skip) or entry.name in (".git", "__pycache__"):
+                if entry.path == str(skip) or entry.name in SKIPPED_FOLDERS:
                     continue
                 yield from walk(entry.path)
             elif entry.is_file(follow_symlinks=False):
                 yield entry
 
+    yield from walk(str(root))
+
+
+def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, FileStat], bool]:
+    """(relative path → its stat key) for regular files under root, and a truncated flag."""
+    found: dict[str, FileStat] = {}
     prefix = len(str(root)) + 1
-    for entry in walk(str(root)):
+    for entry in _walk(root, skip):
         if len(found) >= limit:
             return found, True
         try:
@@ -272,4 +308,23 @@ def snapshot(root: Path, skip: Path, limit: int = 20_000) -> tuple[dict[str, Fil
         except OSError:
             continue
         found[entry.path[prefix:].replace(os.sep, "/")] = stat_key(st)
+    return found, False
+
+
+def changed_since(root: Path, skip: Path, since_ns: int,
+                  limit: int = 200_000) -> tuple[dict[str, FileStat], bool]:
+    """The regular files under root whose change time (which no process can set back) is
+    at or after ``since_ns`` (wall clock), with a flag when the walk stopped at ``limit``
+    files; what :func:`snapshot` skips is skipped."""
+    found: dict[str, FileStat] = {}
+    prefix = len(str(root)) + 1
+    for seen, entry in enumerate(_walk(root, skip)):
+        if seen >= limit:
+            return found, True
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_ctime_ns >= since_ns:
+            found[entry.path[prefix:].replace(os.sep, "/")] = stat_key(st)
     return found, False

@@ -222,14 +222,18 @@ class Sandbox:
     """
 
     def __init__(self, policy: Policy, abi: int, *, namespaces: bool = True,
-                 memory: int | None = None, trace_roots: Sequence[str] | None = None) -> None:
+                 memory: int | None = None, trace_roots: Sequence[str] | None = None,
+                 standby: bool = False) -> None:
         """``memory``: an address-space limit (bytes) for every process of the sandbox.
-        ``trace_roots``: trace file access under these folders (host_kernel/sandbox/trace.py)."""
+        ``trace_roots``: trace file access under these folders (host_kernel/sandbox/trace.py).
+        ``standby``: started before its session (a pool's): ``policy`` is the pool's broad
+        one, and no command runs until :meth:`narrow` stacks the session's on top."""
         self.policy = policy
         self.abi = abi
+        self.standby = standby
         self._host_end, self._init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         setup: dict[str, Any] = {"abi": abi, "namespaces": namespaces, "network": policy.network,
-                 "memory": memory, "rules": ruleset_spec(policy)}
+                 "memory": memory, "rules": ruleset_spec(policy), "standby": standby}
         #: The Host's end of the socket init sends traced accesses on (None: untraced).
         self._trace: socket.socket | None = None
         self._trace_lock = threading.Lock()
@@ -242,9 +246,7 @@ class Sandbox:
             self._trace, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             setup["trace_roots"] = list(trace_roots)
             # Where confined code could plant a symlink leading into the roots.
-            setup["trace_resolve"] = [p for p in (*policy.writable, *SHARED_WRITABLE)
-                                      if not any(p == r or p.startswith(r.rstrip("/") + "/")
-                                                 for r in trace_roots)]
+            setup["trace_resolve"] = _resolve_for(policy, trace_roots)
             counter_fd = os.memfd_create("host-kernel-trace", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(counter_fd, 8)
@@ -290,20 +292,24 @@ class Sandbox:
         """Whether init traces this sandbox's processes (known once :meth:`started`)."""
         return self._trace is not None and bool(self.hello.get("traced"))
 
-    def collect_trace(self) -> tuple[list[tuple[Any, ...]], int, str | None]:
-        """What init traced since the last collection: ``(accesses, dropped, error)``.
+    def collect_trace(self) -> tuple[list[tuple[Any, ...]], int, str | None,
+                                     list[tuple[Any, ...]]]:
+        """What init traced since the last collection: ``(accesses, dropped, error,
+        before)``.
 
-        Each access is ``(t_ns, source, kind, path[, path2])`` (trace.py); ``error``
-        says why some process went untraced. Raises SandboxError when init is gone.
+        Each access is ``(t_ns, source, kind, path[, path2])`` and each before-state
+        ``(seq, source, path, type, size, mtime_ns, ctime_ns, inode, sha256)``
+        (trace.py); ``error`` says why some process went untraced. Raises SandboxError
+        when init is gone.
         """
         if self._trace is None:
-            return [], 0, None
+            return [], 0, None, []
         with self._trace_lock:
             if self._trace_broken is not None:
                 raise SandboxError(self._trace_broken)
             seen = int.from_bytes(self._counter[:8], "little") if self._counter else -1
             if seen == self._collected:
-                return [], 0, None  # nothing new since the last collection: no round trip
+                return [], 0, None, []  # nothing new since the last collection
             try:
                 self._trace.settimeout(REPLY_TIMEOUT)
                 self._trace.send(b"collect")
@@ -322,8 +328,11 @@ class Sandbox:
                 self._trace_broken = f"the tracer stopped answering: {exc}"
                 raise SandboxError(self._trace_broken) from exc
             self._collected = seen
-        accesses: list[tuple[Any, ...]] = marshal.loads(b"".join(parts)) if size else []
-        return accesses, int(head.get("dropped", 0)), head.get("error")
+        accesses: list[tuple[Any, ...]] = []
+        before: list[tuple[Any, ...]] = []
+        if size:
+            accesses, before = marshal.loads(b"".join(parts))
+        return accesses, int(head.get("dropped", 0)), head.get("error"), before
 
     def _take_offer(self) -> tuple[int, socket.socket, socket.socket] | None:
         """The waiting process init offered last, if its offer has arrived (no waiting)."""
@@ -382,6 +391,26 @@ class Sandbox:
             theirs.close()
         return ConfinedProcess(self, mine, argv)
 
+    def narrow(self, policy: Policy, trace_roots: Sequence[str] | None) -> None:
+        """A standby sandbox's session: every process started from now on enters
+        ``policy``'s ruleset on top of the pool's, and the tracer keeps ``trace_roots``.
+
+        The kernel already running narrows itself (host_kernel/kernel/standby.py).
+        """
+        if not self.standby:
+            raise SandboxError("only a standby sandbox is narrowed after its start")
+        message = {"op": "narrow", "abi": self.abi, "network": policy.network,
+                   "rules": ruleset_spec(policy)}
+        if trace_roots is not None:
+            message["trace_roots"] = list(trace_roots)
+            message["trace_resolve"] = _resolve_for(policy, trace_roots)
+        try:
+            self._host_end.send(marshal.dumps(message))
+        except OSError as exc:
+            raise SandboxError(f"the standby sandbox has stopped: {exc}") from exc
+        self.policy = policy
+        self.standby = False
+
     def signal(self, pid: int, sig: int) -> None:
         try:
             self._host_end.send(marshal.dumps({"op": "kill", "pid": pid, "sig": int(sig)}))
@@ -407,6 +436,12 @@ class Sandbox:
                 self._offered[1].close()
                 self._offered[2].close()
                 self._offered = None
+
+
+def _resolve_for(policy: Policy, roots: Sequence[str]) -> list[str]:
+    """Where confined code could plant a symlink leading into the roots."""
+    return [p for p in (*policy.writable, *SHARED_WRITABLE)
+            if not any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)]
 
 
 def popen_confined(sandbox: Sandbox, argv: Sequence[str], *, cwd: str,

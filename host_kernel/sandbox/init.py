@@ -24,6 +24,11 @@ cwd, standard streams, default signal dispositions, ``no_new_privs`` and
 Init itself is trusted code and is not Landlocked; no confined process can
 ptrace it, signal it (Landlock scopes, ABI 6) or reach its control socket.
 
+A **standby** sandbox (a pool's, host_kernel/host/_pool.py) is started before its
+session with the pool's broad ruleset: it forks no command ahead of time until the
+Host sends the session's ruleset (op ``narrow``), which every later child enters on
+top of the first; the kernel narrows itself (host_kernel/kernel/standby.py).
+
 When the namespaces cannot be made (no unprivileged user namespaces, or a
 ``/proc`` that may not be mounted again), the launcher serves as spawner itself
 and says why in its hello: confinement is then Landlock alone.
@@ -119,11 +124,11 @@ def _socket_send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
 
 
 def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
-                ruleset_fd: int, new_session: bool, handoff: Any) -> None:
+                rulesets: list[int], new_session: bool, handoff: Any) -> None:
     """In a child forked on demand (the kernel, or a command when none was waiting):
     confine, then exec. Never returns."""
     try:
-        _confine_self(ruleset_fd, new_session)
+        _confine_self(rulesets, new_session)
         _trace_self(handoff)
         _exec_orders({"argv": argv, "cwd": cwd, "env": env}, fds)
     except BaseException as exc:  # noqa: BLE001 - report and die; never return to the loop
@@ -152,9 +157,9 @@ def _cannot_start(argv: list[str], exc: BaseException) -> None:
         os._exit(127)
 
 
-def _confine_self(ruleset_fd: int, new_session: bool) -> None:
+def _confine_self(rulesets: list[int], new_session: bool) -> None:
     """The part of a child's start that needs no orders: death signal, session, default
-    signal dispositions, then Landlock (a domain of its own)."""
+    signal dispositions, then Landlock: each ruleset in turn, stacked (a domain of its own)."""
     _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
     if new_session:
         os.setsid()
@@ -162,9 +167,10 @@ def _confine_self(ruleset_fd: int, new_session: bool) -> None:
     for sig in (_signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGCHLD,
                 _signal.SIGTERM, _signal.SIGHUP):
         _signal.signal(sig, _signal.SIG_DFL)
-    if ruleset_fd >= 0:
+    if rulesets:
         from .landlock import restrict_self
-        restrict_self(ruleset_fd)
+        for fd in rulesets:
+            restrict_self(fd)
 
 
 def _trace_self(handoff: Any) -> None:
@@ -187,7 +193,7 @@ def _trace_self(handoff: Any) -> None:
     handoff.close()
 
 
-def _await_orders(orders: Any, ruleset_fd: int, handoff: Any) -> None:
+def _await_orders(orders: Any, rulesets: list[int], handoff: Any) -> None:
     """A command's process forked ahead of time: confine now, wait, then exec. Never returns.
 
     Forking and confining while init is idle takes the fork, Python's after-fork work
@@ -196,7 +202,7 @@ def _await_orders(orders: Any, ruleset_fd: int, handoff: Any) -> None:
     """
     argv: list[str] = ["?"]
     try:
-        _confine_self(ruleset_fd, new_session=True)
+        _confine_self(rulesets, new_session=True)
         _trace_self(handoff)
         keep = orders.fileno()
         os.closerange(3, keep)
@@ -215,9 +221,13 @@ class _Spawner:
     """The request loop: start confined commands, signal them, report their exits."""
 
     def __init__(self, ctl: Any, ruleset_fd: int, supervisor: Any = None,
-                 trace: Any = None) -> None:
+                 trace: Any = None, standby: bool = False) -> None:
         self.ctl = ctl
-        self.ruleset_fd = ruleset_fd
+        #: The rulesets every child enters, in order: the first from the setup; a standby
+        #: sandbox gets the session's on top when it is handed out (op "narrow").
+        self.rulesets = [] if ruleset_fd < 0 else [ruleset_fd]
+        #: A standby sandbox offers no command process until it knows its session.
+        self.standby = standby
         #: The tracing supervisor (host_kernel/sandbox/trace.py) and the socket the Host
         #: collects its accesses on; both None when the session is not traced.
         self.supervisor = supervisor
@@ -244,7 +254,7 @@ class _Spawner:
         mine, theirs = self._handoff()
         pid = os.fork()
         if pid == 0:
-            _await_orders(orders_child, self.ruleset_fd, theirs)  # closes every other descriptor
+            _await_orders(orders_child, self.rulesets, theirs)  # closes every other descriptor
         orders_child.close()
         self._watch(pid, mine, theirs)
         self.children[pid] = status_init
@@ -264,7 +274,7 @@ class _Spawner:
         mine, theirs = self._handoff()
         pid = os.fork()
         if pid == 0:
-            _exec_child(argv, cwd, env, fds, self.ruleset_fd, new_session, theirs)
+            _exec_child(argv, cwd, env, fds, self.rulesets, new_session, theirs)
         self._watch(pid if source is None else source, mine, theirs)
         return pid
 
@@ -308,12 +318,14 @@ class _Spawner:
                 self._poll.register(fd, select.POLLIN)
         self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
                                    new_session=False, source=0)
-        self.offer()
+        if not self.standby:
+            self.offer()
         listeners = {} if self.supervisor is None else self.supervisor.sources
         while True:
             # When the offered process has been used and has exited, offer the next when
             # init is idle (not while a command starts and runs on the same CPUs).
-            idle = None if self.offered is not None else int(_PREPARE_WHEN_IDLE * 1000)
+            idle = (None if self.offered is not None or self.standby
+                    else int(_PREPARE_WHEN_IDLE * 1000))
             try:
                 events = self._poll.poll(idle)
             except InterruptedError:
@@ -372,7 +384,7 @@ class _Spawner:
             if not self.trace.recv(64):
                 return False
             accesses, dropped = self.supervisor.take()
-            data = marshal.dumps(accesses)
+            data = marshal.dumps((accesses, self.supervisor.take_before()))
             piece = 1 << 16
             self.trace.send(marshal.dumps({"size": len(data), "dropped": dropped,
                                            "error": self.trace_error}))
@@ -404,6 +416,8 @@ class _Spawner:
                 else:
                     self.children[pid] = status
                     _send(status, {"pid": pid})
+            elif op == "narrow" and self.standby:
+                self._narrow(msg)
             elif op == "kill":
                 pid, sig = int(msg["pid"]), int(msg["sig"])
                 if pid in self.children:
@@ -415,6 +429,17 @@ class _Spawner:
             for fd in fds:
                 os.close(fd)
         return True
+
+    def _narrow(self, msg: dict[str, Any]) -> None:
+        """The session this standby sandbox now serves: its ruleset, stacked on the
+        first for every process started from now on, and the folders the tracer keeps."""
+        self.rulesets.append(_ruleset(msg))
+        if self.supervisor is not None and msg.get("trace_roots") is not None:
+            self.supervisor.keep_under(list(msg["trace_roots"]),
+                                       list(msg.get("trace_resolve", ())))
+        self.standby = False
+        if self.offered is None:
+            self.offer()
 
     def _kill_children(self) -> None:
         for pid in list(self.children):
@@ -509,7 +534,8 @@ def main(argv: list[str]) -> int:
             os.close(fd)
     _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason,
                 "traced": supervisor is not None})
-    return _exit_code(_Spawner(ctl, ruleset_fd, supervisor, trace).serve(kernel_argv))
+    spawner = _Spawner(ctl, ruleset_fd, supervisor, trace, bool(setup.get("standby")))
+    return _exit_code(spawner.serve(kernel_argv))
 
 
 if __name__ == "__main__":

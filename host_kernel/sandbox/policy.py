@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Policy", "hidden_paths", "readable_roots"]
+__all__ = ["Policy", "hidden_paths", "readable_roots", "uncovered"]
 
 #: Device files any program may open for reading and writing.
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
@@ -134,6 +134,17 @@ class Policy:
                    readable=tuple(dict.fromkeys(readable)), hidden=tuple(hidden),
                    network=network, interpreter=tuple(interpreter))
 
+    @classmethod
+    def for_pool(cls, roots: Sequence[str | os.PathLike[str]], folder: str | os.PathLike[str],
+                 *, network: bool = True) -> Policy:
+        """The broad domain a pool's standby kernel starts in (host_kernel/host/_pool.py).
+
+        Reads as any session's; writes beneath ``roots`` (where the workspaces the pool
+        serves live) and the standby's own ``folder``. Only trusted code runs in it: the
+        session's ruleset is stacked on top before the kernel runs anything of the session's.
+        """
+        return cls.for_session(folder, folder, (), network=network, extra_write=roots)
+
     def with_generation(self, folder: str | os.PathLike[str],
                         connection_file: str | os.PathLike[str]) -> Policy:
         """This policy plus one kernel generation's own socket folder."""
@@ -149,6 +160,31 @@ class Policy:
                 if inst == w or inst.startswith(w.rstrip("/") + "/"):
                     out.append(inst)
         return out
+
+
+def uncovered(broad: Policy, narrow: Policy) -> list[str]:
+    """The rules of ``narrow`` that ``broad`` does not grant in full.
+
+    Landlock domains stack by intersection: a kernel in ``broad`` that then enters
+    ``narrow`` keeps ``narrow``'s rights only where ``broad`` grants them too. A right
+    on a path comes from a rule on it or on any folder above it.
+    """
+    from .landlock import _DIR_ONLY
+
+    wide = ruleset_spec(broad)
+    out = []
+    for path, access in ruleset_spec(narrow):
+        if not os.path.exists(path):
+            continue  # a rule on a missing path is not added (landlock.Ruleset.allow)
+        if not os.path.isdir(path):
+            access &= ~_DIR_ONLY
+        granted = 0
+        for above, rights in wide:
+            if path == above or path.startswith(above.rstrip("/") + "/"):
+                granted |= rights
+        if access & ~granted:
+            out.append(path)
+    return out
 
 
 def ruleset_spec(policy: Policy) -> list[tuple[str, int]]:

@@ -20,7 +20,13 @@ Owns the two halves of tracing, both below the kernel's reach:
   call*, keeps the access when it falls under one of the session's roots, and
   lets the call continue. Each access is stamped with ``CLOCK_MONOTONIC`` when
   it is seen; since the caller waits until then, an access made by a cell is
-  always stamped before that cell's reply reaches the Host.
+  always stamped before that cell's reply reaches the Host. For a ``host.bash``
+  command (any source but the kernel's) it also records, at the first call that
+  may change a path (open for writing, ``O_TRUNC``/``O_CREAT``, ``creat``,
+  ``truncate``, either end of a rename, both ends of a link, a removal), the
+  path's *before-state*: whether it existed, its type, size, times and inode,
+  and for a regular file of at most :data:`HASH_LIMIT` bytes (one name only),
+  the sha256 of its bytes, read by init while the caller is still stopped.
 
 Why seccomp user notification rather than ptrace or fanotify (measured,
 docs/lineage.md): a notification costs one ``ioctl`` to receive and one to
@@ -45,6 +51,7 @@ import errno
 import fcntl
 import os
 import platform
+import stat
 import struct
 import time
 
@@ -52,10 +59,20 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["Supervisor", "install_filter", "unavailable"]
+__all__ = ["HASH_BUDGET", "HASH_LIMIT", "Supervisor", "install_filter", "unavailable"]
 
 # Access kinds, as recorded: (t_ns, source, kind, path[, path2]).
 READ, WRITE, READ_WRITE, EXEC, RENAME, LINK, REMOVE = "r", "w", "rw", "x", "mv", "ln", "rm"
+#: Kinds that may change a path: each path's first one per command records its before-state.
+_MODIFYING = frozenset([WRITE, READ_WRITE, RENAME, LINK, REMOVE])
+#: A regular file up to this size is hashed at its first modifying call (about 55 ms for
+#: 64 MiB here, the caller waiting; docs/receipts.md); a larger one is recorded unhashed.
+HASH_LIMIT = 64 << 20
+#: Bytes hashed for one command, at most; past it, before-states are recorded unhashed.
+HASH_BUDGET = 1 << 30
+#: Before-state types: missing, regular file, folder, symlink, other, unknown (unreadable,
+#: or changed while it was hashed).
+MISSING, FILE, FOLDER, SYMLINK, OTHER, UNKNOWN = "-", "f", "d", "l", "o", "?"
 
 _SECCOMP_SET_MODE_FILTER = 1
 _FLAG_NEW_LISTENER = 1 << 3
@@ -79,6 +96,8 @@ _AT_FDCWD = -100
 _COUNT = struct.Struct("<Q")
 _AT_REMOVEDIR = 0x200
 _O_ACCMODE, _O_WRONLY, _O_RDWR, _O_CREAT, _O_TRUNC = 3, 1, 2, 0o100, 0o1000
+_O_PATH = 0o10000000
+_HASH_FLAGS = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
 
 # (audit arch, seccomp syscall number, {name: number}) per machine.
 _X86_64 = (0xC000003E, 317, {
@@ -170,6 +189,17 @@ class Supervisor:
     ``limit`` distinct accesses are held, and past it ``dropped`` counts the rest.
     ``counter``, a shared 8-byte buffer (the Host maps the same memory), counts every
     access kept or dropped so far: the Host skips asking when nothing new was seen.
+
+    ``before`` holds, until :meth:`take_before`, one before-state per (command, real
+    path): ``(seq, source, path, type, size, mtime_ns, ctime_ns, inode, sha256)``,
+    taken at the command's first call that may change the path, with symlinks followed
+    as that call follows them; ``seq`` orders them. ``type`` is one of :data:`MISSING`,
+    :data:`FILE`, :data:`FOLDER`, :data:`SYMLINK`, :data:`OTHER`, :data:`UNKNOWN`;
+    ``sha256`` is None unless a regular file with one name, of at most
+    :data:`HASH_LIMIT` bytes (and within the command's :data:`HASH_BUDGET`), was hashed
+    unchanged. A command's paths are remembered until its listener is removed, so a
+    later collection never holds a second "first" state. The kernel's tree (source 0)
+    gets none.
     """
 
     def __init__(self, roots: list[str], limit: int = 200_000, counter: Any = None,
@@ -200,8 +230,21 @@ class Supervisor:
         assert _ARCH is not None
         self._names = {n: name for name, n in _ARCH[2].items()}
         self._buf = bytearray(_NOTIF_SIZE)
+        self.before: list[tuple[Any, ...]] = []
+        self._seq = 0
+        #: source -> real paths whose before-state is taken; names known to be real paths
+        #: (a name that led through a symlink is resolved again at each call).
+        self._done: dict[int, set[str]] = {}
+        self._named: dict[int, set[str]] = {}
+        self._hashed: dict[int, int] = {}  # source -> bytes hashed so far
+        self._chunk: bytearray | None = None
         self._unpack = struct.Struct("<QIIiIQ6Q").unpack_from
         self._resp = struct.Struct("<QqiI").pack
+
+    def keep_under(self, roots: list[str], resolve: list[str]) -> None:
+        """The session's folders, once a standby sandbox is handed out (none before)."""
+        self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
+        self.resolve = tuple(r.rstrip("/") + "/" for r in [*resolve, "/proc"] if r)
 
     def add(self, listener: int, source: int) -> None:
         self.sources[listener] = source
@@ -211,8 +254,12 @@ class Supervisor:
             pass  # before Linux 6.6: slower, as correct
 
     def remove(self, listener: int) -> None:
-        if self.sources.pop(listener, None) is not None:
+        source = self.sources.pop(listener, None)
+        if source is not None:
             os.close(listener)
+            if source not in self.sources.values():
+                for seen in (self._done, self._named, self._hashed):
+                    seen.pop(source, None)
 
     def close(self) -> None:
         for fd in list(self.sources):
@@ -229,6 +276,11 @@ class Supervisor:
         self._index.clear()
         self._last.clear()
         return out, dropped
+
+    def take_before(self) -> list[tuple[Any, ...]]:
+        """The before-states recorded since the last take (see the class docstring)."""
+        out, self.before = self.before, []
+        return out
 
     def serve(self, listener: int) -> bool:
         """Handle one notification on ``listener``; False when it has no more callers."""
@@ -317,6 +369,11 @@ class Supervisor:
         if not path.startswith(self.roots) and not (
                 path2 is not None and path2.startswith(self.roots)):
             return
+        if source and kind in _MODIFYING:
+            # Before the call runs (its caller waits): the state it may change.
+            self._before(source, path, kind in (WRITE, READ_WRITE))
+            if path2 is not None:
+                self._before(source, path2, False)
         key = (source, kind, path) if path2 is None else (source, kind, path, path2)
         if key in self._index:
             # Seen before this collection: keep the first and the latest time only (a
@@ -328,6 +385,80 @@ class Supervisor:
             self._index[key] = len(self.accesses)
             self.accesses.append((time.monotonic_ns(), *key))
         self.bump()
+
+    def _before(self, source: int, path: str, follow: bool) -> None:
+        """Record ``path``'s before-state for ``source`` unless its first is recorded."""
+        named = self._named.setdefault(source, set())
+        if path in named:
+            return
+        real = self._resolved(path, follow)
+        if real == path and len(named) < self.limit:
+            named.add(path)
+        if not real.startswith(self.roots):
+            return
+        done = self._done.setdefault(source, set())
+        if real in done:
+            return
+        if len(self.before) >= self.limit or len(done) >= self.limit:
+            self.dropped += 1  # the Host then walks, and a file with no state backs nothing
+            return
+        done.add(real)
+        self._seq += 1
+        self.before.append((self._seq, source, real, *self._state(source, real)))
+
+    def _state(self, source: int, path: str) -> tuple[Any, ...]:
+        """(type, size, mtime_ns, ctime_ns, inode, sha256 or None) of ``path`` now."""
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return (MISSING, 0, 0, 0, 0, None)
+        except (OSError, ValueError):
+            return (UNKNOWN, 0, 0, 0, 0, None)
+        mode = st.st_mode
+        kind = (FILE if stat.S_ISREG(mode) else FOLDER if stat.S_ISDIR(mode)
+                else SYMLINK if stat.S_ISLNK(mode) else OTHER)
+        sha = None
+        if kind == FILE and st.st_nlink == 1 and st.st_size <= HASH_LIMIT and (
+                self._hashed.get(source, 0) + st.st_size <= HASH_BUDGET):
+            # One name only: bytes written through another name (a hard link made before
+            # the command, never seen) could change while they are read.
+            try:
+                sha = self._hash(path, st)
+            except OSError:
+                kind = UNKNOWN
+            self._hashed[source] = self._hashed.get(source, 0) + st.st_size
+        return (kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, sha)
+
+    def _hash(self, path: str, st: os.stat_result) -> str:
+        """sha256 of the regular file ``st`` describes, read through a descriptor of its
+        own (no symlink followed, never blocking); OSError when it is not that file or
+        changed while read."""
+        import hashlib  # only a command that writes pays for the import
+
+        if self._chunk is None:
+            self._chunk = bytearray(1 << 20)
+        view = memoryview(self._chunk)
+        fd = os.open(path, _HASH_FLAGS)
+        try:
+            now = os.fstat(fd)
+            if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (
+                    st.st_dev, st.st_ino):
+                raise OSError(errno.ESTALE, "replaced")
+            digest = hashlib.sha256()
+            left = HASH_LIMIT + 1
+            while left > 0:
+                got = os.readv(fd, [view[:min(left, len(view))]])
+                if not got:
+                    break
+                digest.update(view[:got])
+                left -= got
+            now = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if left <= 0 or (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != (
+                st.st_size, st.st_mtime_ns, st.st_ctime_ns):
+            raise OSError(errno.ESTALE, "changed while read")
+        return digest.hexdigest()
 
     def bump(self) -> None:
         """Say in the shared counter that there is something new to collect."""
@@ -391,15 +522,27 @@ class Supervisor:
             except OSError:
                 return None
             raw = base + "/" + raw
+        if "/.." in raw and not raw.startswith("/proc/"):
+            # ".." after a symlink leads from the symlink's target, as the kernel goes:
+            # resolve the folders rather than cancel names on paper.
+            head, _, name = raw.rpartition("/")
+            if name in (".", ".."):
+                return os.path.realpath(raw)
+            return os.path.realpath(head or "/").rstrip("/") + "/" + name
         if "/." in raw or "//" in raw:
             raw = os.path.normpath(raw)
         return raw
 
 
 def _open_kind(flags: int) -> str:
+    if flags & _O_PATH:
+        return READ  # no bytes move through it; the other flags are ignored (open(2))
     mode = flags & _O_ACCMODE
     if mode == _O_WRONLY:
         return WRITE
     if mode == _O_RDWR:
         return WRITE if flags & _O_TRUNC else READ_WRITE
-    return WRITE if flags & _O_TRUNC else READ
+    if flags & _O_TRUNC:
+        return WRITE
+    # Read-only, creating the file if missing: a write when its change time says so.
+    return READ_WRITE if flags & _O_CREAT else READ

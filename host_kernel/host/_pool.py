@@ -1,0 +1,348 @@
+"""Warm starts: kernels started before their sessions, handed out in one step.
+
+Owns :class:`HostPool` (a number of standby kernels, refilled in the background)
+and :class:`Standby` (one of them: its KernelManager, its sandbox, its folder).
+It does not run sessions: a Host given ``pool=`` takes a standby at start and
+hands it the session's orders (host/_kernel.py ``KernelGeneration.adopt``;
+host_kernel/kernel/standby.py narrows the kernel before it runs anything).
+
+A standby is confined from its ``execve`` on, in the pool's broad domain:
+reads as any session's, writes beneath the pool's ``roots`` (where the
+workspaces it serves live) and its own folder. Its sandbox's init starts no
+command until the Host stacks the session's ruleset on it (docs/security.md,
+"Warm starts").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+from .._errors import BadArguments, KernelError
+from .._ids import mint_uuid
+from ..kernel.standby import READY
+from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
+from ..sandbox.policy import Policy
+from ..sandbox.trace import unavailable as trace_unavailable
+from ._bash import Redactor
+from ._kernel import close_thread_loop, kernel_env, new_manager, standby_argv, stop_manager
+
+__all__ = ["HostPool", "Standby"]
+
+#: Starts that fail in a row before the pool stops trying (and says why).
+MAX_FAILURES = 3
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _short_tempdir() -> str | None:
+    """A short folder for IPC socket paths (108 bytes at most), as the Host uses."""
+    from ._host import _short_tempdir as short
+
+    return short()
+
+
+@dataclass
+class Standby:
+    """One kernel started ahead of its session."""
+
+    pool: str
+    folder: Path
+    manager: KernelManager
+    sandbox: Sandbox | None
+    #: The pool's broad policy (None when unconfined).
+    broad: Policy | None
+    hello: dict[str, Any]
+    traced: bool
+    #: Names in the kernel's initial environment (``/proc/self/environ`` keeps them).
+    env_names: frozenset[str]
+    #: The write end of the pipe the kernel reads its orders from (its standard input).
+    orders_fd: int
+    started: str = field(default_factory=_now)
+
+    @property
+    def conn_file(self) -> Path:
+        return self.folder / "kernel.json"
+
+    @property
+    def private(self) -> Path:
+        """The session's private folder (temp, IPython, caches), inside the standby's."""
+        return self.folder / "s"
+
+    def ready(self) -> bool:
+        """Whether it has finished its imports and waits for orders."""
+        return (self.folder / READY).exists()
+
+    def alive(self) -> bool:
+        return bool(self.manager.is_alive())
+
+    def stop(self) -> None:
+        """Stop its processes; its folder stays (a Host that took it may be using it)."""
+        if self.orders_fd >= 0:
+            os.close(self.orders_fd)
+            self.orders_fd = -1
+        stop_manager(self.manager, None, self.sandbox)
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class HostPool:
+    """Kernels started before their sessions: ``Host(workdir, pool=pool)`` starts warm.
+
+    ``HostPool(size=2, roots=None)``: ``size`` standbys are kept started; ``roots``
+    are the folders beneath which the workspaces it serves lie (default: the home
+    folder and the temp folder). A Host whose session the standbys cannot serve
+    (workspace outside the roots, a secret name in their environment, tracing or
+    confinement not as theirs) starts cold, and its record says why. Use as a
+    context manager, or call :meth:`start` and :meth:`close`; closing stops every
+    standby not yet handed out.
+    """
+
+    def __init__(self, size: int = 2, *, roots: Sequence[str | os.PathLike[str]] | None = None,
+                 trace: bool = True, startup_timeout: float = 60.0) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise BadArguments("size must be a positive number of kernels")
+        if not isinstance(trace, bool):
+            raise BadArguments("trace must be True or False")
+        if roots is None:
+            roots = [Path.home(), tempfile.gettempdir()]
+        self.roots = tuple(dict.fromkeys(os.path.realpath(os.fspath(r)) for r in roots
+                                         if os.path.isdir(os.fspath(r))))
+        if not self.roots:
+            raise BadArguments("the pool needs at least one existing root folder")
+        self.size = size
+        self.trace = trace
+        self.startup_timeout = startup_timeout
+        self.id = mint_uuid()
+        self.confinement: Confinement = probe(None)
+        #: Whether standbys are traced (confined, tracing possible and asked for).
+        self.traced = bool(trace and self.confinement.active and trace_unavailable() is None)
+        self._cond = threading.Condition()
+        self._idle: list[Standby] = []
+        #: Whether the refilling thread is starting a standby now.
+        self._starting = False
+        self._failures = 0
+        #: Why the pool stopped refilling, if it did.
+        self.broken: str | None = None
+        self._closed = False
+        self._started = False
+        self._thread: threading.Thread | None = None
+        #: Counts: handed out, replaced (found dead), refused (a session it could not serve).
+        self.stats = {"handed_out": 0, "replaced": 0, "started": 0}
+        redactor = Redactor()
+        self._env = kernel_env({k: v for k, v in os.environ.items()
+                                if not k.startswith("HOST_KERNEL_")
+                                and not redactor.is_secret_name(k)})
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> HostPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> HostPool:
+        with self._cond:
+            if self._closed:
+                raise KernelError("the pool is closed")
+            if self._started:
+                return self
+            self._started = True
+        self._thread = threading.Thread(target=self._fill, name="host-kernel-pool", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop every standby not handed out, and the refilling. Safe to call twice."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for standby in idle:
+            standby.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.startup_timeout + 5)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Block until ``size`` standbys have finished their imports (benchmarks, tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cond:
+                if self._closed or self.broken:
+                    return False
+                idle = list(self._idle)
+            if len(idle) >= self.size and all(s.ready() for s in idle):
+                return True
+            time.sleep(0.01)
+        return False
+
+    def pids(self) -> list[int]:
+        """The pids of the standbys waiting now (for tests and tools)."""
+        with self._cond:
+            idle = list(self._idle)
+        out = []
+        for standby in idle:
+            proc = getattr(standby.manager.provisioner, "process", None)
+            if proc is not None:
+                out.append(int(proc.pid))
+        return out
+
+    # ------------------------------------------------------------------ handing out
+
+    def refusal(self, *, confined: bool, traced: bool, hidden: frozenset[str]) -> str | None:
+        """Why this pool's standbys cannot serve a session like this, or None."""
+        if self._closed:
+            return "the pool is closed"
+        if self.broken:
+            return f"the pool cannot start kernels: {self.broken}"
+        if confined != self.confinement.active:
+            return ("the session is confined and the pool's kernels are not" if confined else
+                    "the pool's kernels are confined and the session is not")
+        if traced != self.traced:
+            return ("the session is traced and the pool's kernels are not" if traced else
+                    "the pool's kernels are traced and the session is not")
+        secret = sorted(hidden & frozenset(self._env))
+        if secret:
+            return (f"the pool's kernels started with {', '.join(secret)} in their environment, "
+                    f"which this session hides")
+        return None
+
+    def take(self, wait: float = 0.0) -> Standby | None:
+        """The oldest live standby, ready ones first; None when none is waiting.
+
+        When none is waiting but one is starting, wait for it up to ``wait`` seconds:
+        it is further on than a kernel started now would be. A standby found dead is
+        stopped and replaced, never handed out.
+        """
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while not self._idle and self._starting and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            idle = sorted(self._idle, key=lambda s: not s.ready())
+            chosen = None
+            dead = []
+            for standby in idle:
+                if standby.alive():
+                    chosen = standby
+                    break
+                dead.append(standby)
+            for standby in [*dead, *([chosen] if chosen else [])]:
+                self._idle.remove(standby)
+            self.stats["replaced"] += len(dead)
+            if chosen is not None:
+                self.stats["handed_out"] += 1
+            self._cond.notify_all()
+        for standby in dead:
+            standby.close()
+        return chosen
+
+    def give_back(self, standby: Standby) -> None:
+        """A standby taken but not used (the session could not use it): keep it waiting."""
+        with self._cond:
+            if not self._closed and standby.alive():
+                self._idle.append(standby)
+                self.stats["handed_out"] -= 1
+                self._cond.notify_all()
+                return
+        standby.close()
+
+    # ------------------------------------------------------------------ refilling
+
+    def _fill(self) -> None:
+        try:
+            self._refill()
+        finally:
+            close_thread_loop()
+
+    def _refill(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and len(self._idle) >= self.size:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._starting = True
+            try:
+                standby = self._start_one()
+            except (KernelError, SandboxError, OSError) as exc:
+                with self._cond:
+                    self._starting = False
+                    self._cond.notify_all()
+                self._failures += 1
+                if self._failures >= MAX_FAILURES:
+                    with self._cond:
+                        self.broken = str(exc)
+                    return
+                time.sleep(0.1 * self._failures)
+                continue
+            self._failures = 0
+            with self._cond:
+                self._starting = False
+                self._cond.notify_all()
+                if self._closed:
+                    close = True
+                else:
+                    close = False
+                    self._idle.append(standby)
+                    self.stats["started"] += 1
+            if close:
+                standby.close()
+                return
+
+    def _start_one(self) -> Standby:
+        folder = Path(tempfile.mkdtemp(prefix="hks-", dir=_short_tempdir()))
+        conn_file = folder / "kernel.json"
+        (folder / "s").mkdir()
+        sandbox = None
+        broad = None
+        if self.confinement.active:
+            broad = Policy.for_pool(self.roots, folder).with_generation(folder, conn_file)
+            sandbox = Sandbox(broad, self.confinement.abi, standby=True,
+                              trace_roots=[] if self.traced else None)
+        manager = new_manager(conn_file, standby_argv(sandbox))
+        hello: dict[str, Any] = {}
+        # The orders come on the kernel's standard input, a pipe only this pool holds.
+        orders_r, orders_w = os.pipe()
+        os.set_inheritable(orders_w, False)
+        try:
+            if sandbox is None:
+                manager.start_kernel(cwd=str(folder), env=self._env, stdin=orders_r)
+            else:
+                manager.start_kernel(cwd=str(folder), env=self._env, stdin=orders_r,
+                                     pass_fds=sandbox.pass_fds)
+                hello = sandbox.started()
+        except BaseException as exc:
+            os.close(orders_w)
+            stop_manager(manager, None, sandbox)
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(exc, (KernelError, SandboxError, OSError)):
+                raise
+            raise KernelError(f"a standby kernel did not start: {exc}") from exc
+        finally:
+            os.close(orders_r)
+        traced = sandbox is not None and sandbox.traced
+        return Standby(self.id, folder, manager, sandbox, broad, hello, traced,
+                       frozenset(self._env), orders_w)
+

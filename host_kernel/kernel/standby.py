@@ -1,0 +1,155 @@
+"""``python -m host_kernel.kernel.standby -f FILE …``: a kernel started before its session.
+
+A pool (host_kernel/host/_pool.py) starts these ahead of time. Each imports
+ipykernel's stack (most of a kernel's start-up), says so by creating
+``standby-ready`` beside its connection file, and waits on its standard input
+for one line: the session's orders. Then, in this order and while it is still
+the process's only thread:
+
+1. it narrows itself to the session's Landlock ruleset. Rulesets stack: the
+   pool's domain, entered at ``execve``, stays, and the session's is added on
+   top, so the kernel may touch only what both allow;
+2. it takes the session's environment, working folder and import path;
+3. it starts ``IPKernelApp`` with the rest of its command line, exactly as
+   ``ipykernel_launcher`` would.
+
+No code from the session runs before step 3, so no untrusted code ever runs
+in the pool's broader domain. Landlock applies to the calling thread only
+(until ``LANDLOCK_RESTRICT_SELF_TSYNC``), which is why nothing here may start
+a thread before step 1: every thread ipykernel starts (heartbeat, IOPub,
+control, ZeroMQ's I/O) inherits the narrowed domain. The standby checks that it
+is alone, and refuses to go on otherwise.
+
+End of input before the orders means the pool let this standby go: it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+READY = "standby-ready"
+#: What a standby imports while it waits: most of what a kernel's start imports.
+PRELOAD = (
+    "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell", "ipykernel.iostream",
+    "ipykernel.heartbeat", "ipykernel.comm", "ipykernel.control", "ipykernel.shellchannel",
+    "ipykernel.eventloops", "ipykernel.displayhook", "IPython.core.interactiveshell",
+    "IPython.core.history", "IPython.core.completer", "IPython.core.magics",
+    "IPython.core.profiledir",
+    "jupyter_client.session", "zmq", "tornado.ioloop", "asyncio",
+    "host_kernel.kernel.extension", "host_kernel.kernel.capture",
+)
+#: Imported too when present (the debugger's import alone is a fifth of a start).
+OPTIONAL = ("ipykernel.debugger", "debugpy", "jedi")
+
+
+class StandbyError(RuntimeError):
+    """The standby cannot be handed out safely."""
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)  # a failure here would fail the kernel's start anyway
+    for name in OPTIONAL:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - absent or broken: the kernel imports it later, or not
+            pass
+
+
+def threads() -> int:
+    """How many threads this process has, as the OS counts them (C threads included)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def read_orders(fd: int = 0) -> dict[str, object] | None:
+    """One line of JSON from ``fd``; None at end of input."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    orders: dict[str, object] = json.loads(data)
+    return orders
+
+
+def narrow(orders: dict[str, object]) -> None:
+    """Enter the session's Landlock domain (stacked on the pool's)."""
+    rules = orders.get("rules")
+    if rules is None:
+        return
+    if threads() != 1:
+        raise StandbyError(f"{threads()} threads before narrowing; Landlock would leave all but "
+                           f"this one in the pool's domain")
+    from host_kernel.sandbox.landlock import Ruleset, restrict_self
+
+    ruleset = Ruleset(int(orders["abi"]), network=bool(orders["network"]))  # type: ignore[call-overload]
+    try:
+        for path, access in rules:  # type: ignore[attr-defined]
+            ruleset.allow(path, int(access))
+        restrict_self(ruleset.fd)
+    finally:
+        os.close(ruleset.fd)
+
+
+def adopt(orders: dict[str, object], started_path: list[str]) -> None:
+    """The session's environment, folder and import path, as a fresh start would have them."""
+    import tempfile
+
+    env = orders["env"]
+    assert isinstance(env, dict)
+    old = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(str(orders["cwd"]))
+    # PYTHONPATH is read once, at the interpreter's start: put the session's own entries
+    # (its package overlay) where they would have been, ahead of the standard library.
+    new = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in old]
+    at = sys.path.index(started_path[0]) if started_path and started_path[0] in sys.path else 0
+    sys.path[at:at] = new
+    tempfile.tempdir = None  # $TMPDIR is the session's now
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def _ready_marker(argv: list[str]) -> str | None:
+    if "-f" in argv and argv.index("-f") + 1 < len(argv):
+        return os.path.join(os.path.dirname(argv[argv.index("-f") + 1]), READY)
+    return None
+
+
+def main() -> int:
+    # As ipykernel_launcher does: the start folder off the path while we import (IPython's
+    # init_path puts '' back, which is then the session's workspace).
+    if sys.path and (sys.path[0] == "" or sys.path[0] == os.getcwd()):
+        del sys.path[0]
+    started_path = list(sys.path)
+    preload()
+    marker = _ready_marker(sys.argv)
+    if marker is not None:
+        try:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass  # only a hint for the pool
+    orders = read_orders()
+    if orders is None:
+        return 0
+    try:
+        narrow(orders)
+        adopt(orders, started_path)
+    except Exception as exc:  # noqa: BLE001 - say why on stderr; the Host sees the kernel die
+        sys.stderr.write(f"host_kernel standby: cannot take the session: {exc}\n")
+        return 70
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
