@@ -160,11 +160,11 @@ def test_a_standby_refuses_to_narrow_with_a_second_thread() -> None:
     """Landlock binds only the calling thread: narrowing beside another thread would leave
     that thread in the pool's domain, so the standby stops instead."""
     code = textwrap.dedent("""
-        import threading, time
+        import os, threading, time
         from host_kernel.kernel.standby import StandbyError, narrow
         threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
         try:
-            narrow({"rules": [], "abi": 1, "network": True})
+            narrow({"ruleset": True}, [os.open("/dev/null", os.O_RDONLY)])
         except StandbyError as exc:
             print("refused:", exc)
     """)

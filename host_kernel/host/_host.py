@@ -53,6 +53,7 @@ from ..modes import TaskMode, resolve_task_mode
 from ..reproduce import Limits, Reproducer, record_baseline
 from ..reproduce.runner import DEFAULT_MEMORY
 from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
+from ..sandbox.landlock import LandlockError, Ruleset
 from ..sandbox.policy import Policy, ruleset_spec, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
@@ -579,21 +580,29 @@ class Host:
         handed_out = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         self._standby = None
         was_ready = standby.ready()
-        orders: dict[str, Any] = {"env": env, "cwd": str(self.workdir), "rules": None}
+        orders: dict[str, Any] = {"env": env, "cwd": str(self.workdir), "ruleset": False}
+        ruleset = None
         try:
             if policy is not None and standby.sandbox is not None:
                 assert self.confinement is not None
                 standby.sandbox.narrow(policy, roots)
-                orders.update(rules=ruleset_spec(policy), abi=self.confinement.abi,
-                              network=policy.network)
+                # Built here (trusted, untraced) and handed over: the standby only enters it.
+                ruleset = Ruleset(self.confinement.abi, network=policy.network)
+                for path, access in ruleset_spec(policy):
+                    ruleset.allow(path, access)
+                orders["ruleset"] = True
             kernel = KernelGeneration.adopt(generation, token, standby.manager, standby.sandbox,
                                             standby.hello, standby.orders_fd, orders,
-                                            self.startup_timeout)
-        except (KernelError, SandboxError) as exc:
+                                            self.startup_timeout,
+                                            -1 if ruleset is None else ruleset.fd)
+        except (KernelError, SandboxError, LandlockError) as exc:
             standby.stop()  # its folder holds the session's private one: the Host keeps it
             self._pool_miss = f"the standby kernel failed: {exc}"
             return None
-        os.close(standby.orders_fd)  # read by now: nothing more goes down that pipe
+        finally:
+            if ruleset is not None:
+                os.close(ruleset.fd)
+        os.close(standby.orders_fd)  # read by now: nothing more goes down that socket
         standby.orders_fd = -1
         body["warm"] = {"pool": self.pool.id, "used": True, "standby_started": standby.started,
                         "handed_out": handed_out, "ready": was_ready,

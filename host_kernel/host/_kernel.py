@@ -8,10 +8,12 @@ It does not run cells; the Host does.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -141,17 +143,22 @@ class KernelGeneration:
     @classmethod
     def adopt(cls, generation: int, token: str, manager: KernelManager,
               sandbox: Sandbox | None, hello: dict[str, Any], orders_fd: int,
-              orders: dict[str, Any], startup_timeout: float) -> KernelGeneration:
-        """Hand a standby kernel its session's ``orders`` on the pipe it reads them from
-        (``orders_fd``; host_kernel/kernel/standby.py) and wait until it answers as this
-        generation's kernel."""
+              orders: dict[str, Any], startup_timeout: float,
+              ruleset_fd: int = -1) -> KernelGeneration:
+        """Hand a standby kernel its session's ``orders`` (and the session's Landlock
+        ruleset, ``ruleset_fd``) on the socket it reads them from (``orders_fd``;
+        host_kernel/kernel/standby.py) and wait until it answers as this generation's
+        kernel."""
         self = cls.__new__(cls)
         self._setup(generation, token, manager, sandbox)
         self.hello = hello
         try:
             data = json.dumps(orders).encode() + b"\n"
-            while data:  # (a pipe; a large environment may take more than one write)
-                data = data[os.write(orders_fd, data):]
+            with socket.socket(fileno=os.dup(orders_fd)) as sock:
+                fds = [ruleset_fd] if ruleset_fd >= 0 else []
+                sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                              array.array("i", fds))] if fds else [])
+                sock.sendall(data[sent:])
             self._connect(startup_timeout)
         except (Exception, SandboxError) as exc:
             self.stop()
@@ -160,7 +167,9 @@ class KernelGeneration:
         return self
 
     def _connect(self, timeout: float) -> None:
-        self.client = self.manager.client()
+        # (the manager's client would make a ZeroMQ context of its own, with the default
+        # 100 ms between tries to connect to a kernel that has not bound yet)
+        self.client = self.manager.client(context=_context())
         self.client.start_channels()
         wait_ready(self.client, self.manager, timeout)
 

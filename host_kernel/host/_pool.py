@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -68,7 +69,7 @@ class Standby:
     traced: bool
     #: Names in the kernel's initial environment (``/proc/self/environ`` keeps them).
     env_names: frozenset[str]
-    #: The write end of the pipe the kernel reads its orders from (its standard input).
+    #: The Host's end of the socket the kernel reads its orders from (its standard input).
     orders_fd: int
     started: str = field(default_factory=_now)
 
@@ -323,9 +324,10 @@ class HostPool:
                               trace_roots=[] if self.traced else None)
         manager = new_manager(conn_file, standby_argv(sandbox))
         hello: dict[str, Any] = {}
-        # The orders come on the kernel's standard input, a pipe only this pool holds.
-        orders_r, orders_w = os.pipe()
-        os.set_inheritable(orders_w, False)
+        # The orders come on the kernel's standard input, a socket only this pool holds
+        # (a socket, so the Host can hand over the session's Landlock ruleset with them)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        orders_r, orders_w = theirs.detach(), mine.detach()
         try:
             if sandbox is None:
                 manager.start_kernel(cwd=str(folder), env=self._env, stdin=orders_r)

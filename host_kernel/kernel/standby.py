@@ -3,8 +3,9 @@
 A pool (host_kernel/host/_pool.py) starts these ahead of time. Each imports
 ipykernel's stack (most of a kernel's start-up), says so by creating
 ``standby-ready`` beside its connection file, and waits on its standard input
-for one line: the session's orders. Then, in this order and while it is still
-the process's only thread:
+for one line: the session's orders, with the session's Landlock ruleset (built
+by the Host, sent over the socket that is this process's standard input). Then,
+in this order and while it is still the process's only thread:
 
 1. it narrows itself to the session's Landlock ruleset. Rulesets stack: the
    pool's domain, entered at ``execve``, stays, and the session's is added on
@@ -65,35 +66,52 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def read_orders(fd: int = 0) -> dict[str, object] | None:
-    """One line of JSON from ``fd``; None at end of input."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return None
-        data += chunk
+def read_orders(fd: int = 0) -> tuple[dict[str, object], list[int]] | None:
+    """One line of JSON from the socket ``fd``, and the descriptors sent with it; None at
+    end of input (the pool let this standby go)."""
+    import array
+    import socket
+
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        data, ancdata, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
+        fds: list[int] = []
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                ints = array.array("i")
+                ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
+                fds += list(ints)
+        while data and not data.endswith(b"\n"):
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    if not data.endswith(b"\n"):
+        for extra in fds:
+            os.close(extra)
+        return None
     orders: dict[str, object] = json.loads(data)
-    return orders
+    return orders, fds
 
 
-def narrow(orders: dict[str, object]) -> None:
-    """Enter the session's Landlock domain (stacked on the pool's)."""
-    rules = orders.get("rules")
-    if rules is None:
+def narrow(orders: dict[str, object], fds: list[int]) -> None:
+    """Enter the session's Landlock domain (stacked on the pool's): the ruleset the Host
+    built and sent with the orders."""
+    if not orders.get("ruleset"):
         return
+    if len(fds) != 1:
+        raise StandbyError("the orders name a ruleset but carry none")
     if threads() != 1:
         raise StandbyError(f"{threads()} threads before narrowing; Landlock would leave all but "
                            f"this one in the pool's domain")
-    from host_kernel.sandbox.landlock import Ruleset, restrict_self
+    from host_kernel.sandbox.landlock import restrict_self
 
-    ruleset = Ruleset(int(orders["abi"]), network=bool(orders["network"]))  # type: ignore[call-overload]
     try:
-        for path, access in rules:  # type: ignore[attr-defined]
-            ruleset.allow(path, int(access))
-        restrict_self(ruleset.fd)
+        restrict_self(fds[0])
     finally:
-        os.close(ruleset.fd)
+        os.close(fds[0])
 
 
 def adopt(orders: dict[str, object], started_path: list[str]) -> None:
@@ -136,11 +154,12 @@ def main() -> int:
             os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
         except OSError:
             pass  # only a hint for the pool
-    orders = read_orders()
-    if orders is None:
+    got = read_orders()
+    if got is None:
         return 0
+    orders, fds = got
     try:
-        narrow(orders)
+        narrow(orders, fds)
         adopt(orders, started_path)
     except Exception as exc:  # noqa: BLE001 - say why on stderr; the Host sees the kernel die
         sys.stderr.write(f"host_kernel standby: cannot take the session: {exc}\n")

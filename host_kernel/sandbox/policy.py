@@ -171,17 +171,25 @@ def uncovered(broad: Policy, narrow: Policy) -> list[str]:
     """
     from .landlock import _DIR_ONLY
 
-    wide = ruleset_spec(broad)
+    wide: dict[str, int] = {}
+    for above, rights in ruleset_spec(broad):
+        wide[above.rstrip("/") or "/"] = wide.get(above.rstrip("/") or "/", 0) | rights
     out = []
     for path, access in ruleset_spec(narrow):
+        key = path.rstrip("/") or "/"
+        if access & ~wide.get(key, 0) == 0:
+            continue  # the same rule, or a wider one, on the same path
         if not os.path.exists(path):
             continue  # a rule on a missing path is not added (landlock.Ruleset.allow)
         if not os.path.isdir(path):
             access &= ~_DIR_ONLY
         granted = 0
-        for above, rights in wide:
-            if path == above or path.startswith(above.rstrip("/") + "/"):
-                granted |= rights
+        at = key
+        while True:  # the rights of every rule on this path or a folder above it
+            granted |= wide.get(at, 0)
+            if at == "/":
+                break
+            at = os.path.dirname(at)
         if access & ~granted:
             out.append(path)
     return out
