@@ -215,6 +215,12 @@ def test_without_tracing_the_workspace_is_compared_before_and_after(
                              "st=os.stat(p); open(p,'r+b').write(b'Q'*st.st_size); "
                              "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"")
         assert _paths(hidden) == {"data/d007/f0000.txt": "modified"}
+        # Untraced, a file the Host never hashed and whose size did not change may hold
+        # the bytes it had: listed as unproven, so it backs no claim (a touch is not work).
+        assert hidden["changes_unproven"] == ["data/d007/f0000.txt"]
+        assert again["changes_unproven"] == []
+        touched = _bash(host, "touch data/d008/f0000.txt")
+        assert touched["changes_unproven"] == ["data/d008/f0000.txt"]
 
 
 # ------------------------------------------------------------------ when the trace is short

@@ -129,6 +129,9 @@ def after_snapshot(ws: Workspace, before: dict[str, FileStat], truncated: bool,
             sha = cached_sha256(ws.root, rel, cache, now)
             found.changes.append(_entry(rel, "created" if was is None else "modified",
                                         sha, now[0]))
+            if was is not None and rel not in found.manifest and was[0] == now[0]:
+                # Touched, or rewritten to the same size: its earlier bytes are unknown.
+                found.unproven.append(rel)
     return found
 
 

@@ -9,9 +9,12 @@ the kernel is a copy for display, and the Host verifies against its own record.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import socket
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +24,26 @@ from .._models import Artifact, FileRecord, Receipt, Verdict
 __all__ = ["HostClient"]
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to the Host's call socket (a Unix-domain socket): the standard library's
+    client, so the first call costs no import of a third-party HTTP stack."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("host")
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(10.0)
+            sock.connect(self._path)
+            sock.settimeout(None)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class HostClient:
     """Talks to the Host. Created by the kernel extension as ``host``."""
 
@@ -28,7 +51,7 @@ class HostClient:
         self._socket_path = socket_path
         self._token = token
         self._generation = generation
-        self._http: Any = None  # httpx.Client, made on first use to keep start-up fast
+        self._http: Any = None  # per thread, the connection to the Host, made on first use
         self._capture: Any = None  # the extension's Capture, for reads so far in this cell
 
     @classmethod
@@ -44,25 +67,32 @@ class HostClient:
 
     # -- the wire
 
-    def _client(self) -> Any:
+    def _connection(self) -> http.client.HTTPConnection:
+        """This thread's connection (calls from several threads run side by side)."""
         if self._http is None:
-            import httpx
-
-            self._http = httpx.Client(
-                transport=httpx.HTTPTransport(uds=self._socket_path),
-                base_url="http://host", timeout=httpx.Timeout(None, connect=10.0),
-                headers={"Authorization": f"Bearer {self._token}"},
-            )
-        return self._http
+            self._http = threading.local()
+        conn: http.client.HTTPConnection | None = getattr(self._http, "conn", None)
+        if conn is None:
+            conn = self._http.conn = _UnixConnection(self._socket_path)
+        return conn
 
     def _call(self, name: str, **args: Any) -> Any:
         body = json.dumps(args, ensure_ascii=False).encode("utf-8")
         result: Any = None
         error: dict[str, str] | None = None
-        with self._client().stream("POST", f"/call/{name}", content=body,
-                                   headers={"Content-Type": "application/json"}) as response:
-            for line in response.iter_lines():
+        conn = self._connection()
+        try:
+            # One kept-alive connection: the Host answers each call in full (a chunked
+            # stream of lines) before the next is sent. A call is never sent twice.
+            conn.request("POST", f"/call/{name}", body=body,
+                         headers={"Authorization": f"Bearer {self._token}",
+                                  "Content-Type": "application/json"})
+            response = conn.getresponse()
+            while True:
+                line = response.readline()
                 if not line:
+                    break
+                if not line.strip():
                     continue
                 msg = json.loads(line)
                 if "stream" in msg:
@@ -73,6 +103,10 @@ class HostClient:
                     result = msg["result"]
                 elif "error" in msg:
                     error = msg["error"]
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            conn.close()
+            raise HostCallError(f"the call {name!r} did not reach the Host or its answer was "
+                                f"cut short: {type(exc).__name__}: {exc}") from None
         if error is not None:
             raise error_for_code(error.get("type", ""), error.get("code", "call_failed"),
                                  error.get("message", ""))
