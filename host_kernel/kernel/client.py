@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .._errors import BadArguments, HostCallError, SubmissionRefused, error_for_code
