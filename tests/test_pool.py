@@ -146,11 +146,16 @@ def test_the_pools_domain_stays_under_the_sessions(roots: Path, tmp_path: Path,
             assert warm["used"] is False
             assert "does not grant the session's rules" in str(warm["reason"])
             assert host.execute("open('f.txt', 'w').write('x')").status == "ok"
+            cold_tmp = host.execute("import os; print(os.environ['TMPDIR'])").text.strip()
         assert pool.wait_ready(90)
         import host_kernel.host._host as host_module
         monkeypatch.setattr(host_module, "uncovered", lambda broad, narrow: [])
         with Host(outside, pool=pool) as host:
             assert _warm(host)["used"] is True
+            # The refused standby was not given back: its folder held the cold session's
+            # private one, which no other session may share.
+            warm_tmp = host.execute("import os; print(os.environ['TMPDIR'])").text.strip()
+            assert warm_tmp != cold_tmp
             out = host.execute("open('g.txt', 'w')")
             assert out.status == "error" and "PermissionError" in out.text, out.text
         assert not (outside / "g.txt").exists()

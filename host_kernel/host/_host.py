@@ -347,18 +347,16 @@ class Host:
         self._pool_miss = why
 
     def _release_standby(self, why: str) -> None:
-        """The standby cannot serve this session after all: back to the pool, start cold."""
+        """The standby cannot serve this session after all: stop it and start cold.
+
+        It is not given back to the pool: the session's environment and policy already
+        name its folder (the session's private folder lives there), which must never
+        serve another session. The Host keeps the folder until it closes.
+        """
         standby, self._standby = self._standby, None
-        if standby is None:
-            return
-        self._pool_miss = why
-        assert self.pool is not None
-        self._owned_dirs.remove(standby.folder)
-        if self._private_dir == standby.private:
-            assert self._runtime_dir is not None
-            self._private_dir = self._runtime_dir / "s"
-            self._private_dir.mkdir(exist_ok=True)
-        self.pool.give_back(standby)
+        if standby is not None:
+            standby.stop()
+            self._pool_miss = why
 
     def _build_env(self, socket_path: str) -> dict[str, str]:
         """The kernel's environment: the Host's, less its own secrets, plus the session's

@@ -259,16 +259,6 @@ class HostPool:
             standby.close()
         return chosen
 
-    def give_back(self, standby: Standby) -> None:
-        """A standby taken but not used (the session could not use it): keep it waiting."""
-        with self._cond:
-            if not self._closed and standby.alive():
-                self._idle.append(standby)
-                self.stats["handed_out"] -= 1
-                self._cond.notify_all()
-                return
-        standby.close()
-
     # ------------------------------------------------------------------ refilling
 
     def _fill(self) -> None:
