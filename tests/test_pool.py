@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -278,8 +280,12 @@ def test_a_pools_kernels_end_when_its_process_is_killed(tmp_path: Path) -> None:
         print(" ".join(map(str, pool.pids())), flush=True)
         time.sleep(600)
     """)
+    # A pool killed with SIGKILL cannot remove its standbys' folders: keep them in a
+    # short folder of the test's own (IPC socket paths must stay short) and remove it.
+    runtime = Path(tempfile.mkdtemp(prefix="hkp-", dir="/tmp"))
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            env=os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent)})
+                            env=os.environ | {"PYTHONPATH": str(Path(__file__).parent.parent),
+                                              "TMPDIR": str(runtime)})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -293,7 +299,11 @@ def test_a_pools_kernels_end_when_its_process_is_killed(tmp_path: Path) -> None:
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
-    _gone(tree)
+    try:
+        _gone(tree)
+        assert len(list(runtime.glob("hks-*"))) == 2  # theirs, left by the kill
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- spare kernels
