@@ -13,6 +13,7 @@ It does not own the timing discipline, the report or the registry
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -22,10 +23,10 @@ from benchmarks.run import (
     Plan,
     Result,
     bare_start,
+    host_start,
     interleaved,
     run_cell,
     scratch,
-    timed,
 )
 from host_kernel import Host, HostPool
 
@@ -49,16 +50,7 @@ def bench_warm_start(plan: Plan) -> Result:
             if not pool.wait_ready(120):
                 raise RuntimeError(f"the pool did not fill: {pool.broken}")
             time.sleep(0.2)  # let the refill's start finish its work on the CPUs
-            work = root / f"ours-{next(runs)}"
-            work.mkdir()
-            host = Host(work, pool=pool)
-            try:
-                took = timed(host.start)
-                if host.generation != 1 or not _warm(host):
-                    raise RuntimeError("the Host did not start from the pool")
-                return took
-            finally:
-                host.close()
+            return host_start(root / f"ours-{next(runs)}", _require_warm, pool=pool)
 
         def base() -> float:
             return bare_start(root / f"bare-{next(runs)}")
@@ -69,14 +61,15 @@ def bench_warm_start(plan: Plan) -> Result:
     return _with_limit(result, "median warm start", WARM_START_LIMIT)
 
 
-def _warm(host: Host) -> bool:
+def _require_warm(host: Host) -> None:
+    """Refuse a start the pool did not serve (it would be timed as a warm one)."""
     assert host.ledger is not None
-    import json
-
     row = next(iter(host.ledger.query(
         "SELECT body FROM events WHERE kind = 'generation_started' AND session = ? "
         "ORDER BY seq LIMIT 1", (host.session_id,))))
-    return bool(json.loads(row["body"]).get("warm", {}).get("used"))
+    warm = json.loads(row["body"]).get("warm", {})
+    if not warm.get("used"):
+        raise RuntimeError(f"the Host did not start from the pool: {warm.get('reason')}")
 
 
 def bench_restart_spare(plan: Plan) -> Result:

@@ -366,13 +366,7 @@ def bench_start(plan: Plan) -> Result:
         runs = iter(range(10 * n + 10))
 
         def ours() -> float:
-            work = root / f"ours-{next(runs)}"
-            work.mkdir()
-            host = Host(work)
-            try:
-                return timed(host.start)
-            finally:
-                host.close()
+            return host_start(root / f"ours-{next(runs)}")
 
         def base() -> float:
             return bare_start(root / f"bare-{next(runs)}")
@@ -380,6 +374,20 @@ def bench_start(plan: Plan) -> Result:
         ours(), base()  # warm-up: imports, disk cache
         a, b = interleaved(n, ours, base)
     return Result("start", a, b, 1.1, notes=(f"{n} starts each",))
+
+
+def host_start(work: Path, check: Callable[[Host], None] | None = None, **kwargs: Any) -> float:
+    """Seconds ``Host(work, **kwargs).start()`` takes, in a new folder ``work``; ``check``
+    looks at the started Host before it is closed (and raises if it is not what was meant)."""
+    work.mkdir()
+    host = Host(work, **kwargs)
+    try:
+        took = timed(host.start)
+        if check is not None:
+            check(host)
+        return took
+    finally:
+        host.close()
 
 
 def bare_start(work: Path) -> float:

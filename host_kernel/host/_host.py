@@ -60,7 +60,7 @@ from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import CommandContext, Redactor, kill_group, run_command
-from ._kernel import KernelGeneration, close_thread_loop, kernel_env
+from ._kernel import KernelGeneration, close_thread_loop, kernel_env, short_tempdir
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
 from ._pool import HostPool, Standby
 from ._render import DEFAULT_TEXT_LIMIT, cell_header, cut, render_outputs
@@ -106,19 +106,6 @@ class _RunningCell:
         start_ns, start_wall_ns = now_ns()
         return cls(cell_id, generation, token, code, start_ns=start_ns,
                    start_wall_ns=start_wall_ns)
-
-
-#: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
-#: socket live in the runtime folder, whose own path must leave room for their names.
-MAX_RUNTIME_BASE = 64
-
-
-def _short_tempdir() -> str | None:
-    """The temp folder, unless its path is too long for sockets; then /tmp."""
-    base = tempfile.gettempdir()
-    if len(base) <= MAX_RUNTIME_BASE or not os.access("/tmp", os.W_OK):
-        return None
-    return "/tmp"
 
 
 #: Sub-folders of a session's private folder, each named in the kernel's environment.
@@ -294,7 +281,7 @@ class Host:
         self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
         self.blobs = FileBlobStore(self.record_dir)
         self.blobs.sweep()
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=_short_tempdir()))
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
         try:
             self._take_standby(confinement)

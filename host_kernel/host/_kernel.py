@@ -8,13 +8,13 @@ It does not run cells; the Host does.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import json
 import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,6 +59,20 @@ def kernel_argv(sandbox: Sandbox | None) -> list[str]:
     # The kernel's parent is the sandbox's spawner (pid 1 in its PID namespace), which
     # init writes in place of the placeholder; ipykernel then watches the right parent.
     return sandbox.argv(argv + [f"--IPKernelApp.parent_handle={SPAWNER_PID}"])
+
+
+#: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
+#: socket live in runtime folders whose own path must leave room for their names.
+MAX_RUNTIME_BASE = 64
+
+
+def short_tempdir() -> str | None:
+    """Where runtime folders go: the temp folder, unless its path is too long for
+    sockets; then /tmp (for ``tempfile.mkdtemp(dir=…)``: None means the temp folder)."""
+    base = tempfile.gettempdir()
+    if len(base) <= MAX_RUNTIME_BASE or not os.access("/tmp", os.W_OK):
+        return None
+    return "/tmp"
 
 
 def standby_argv(sandbox: Sandbox | None) -> list[str]:
@@ -155,9 +169,7 @@ class KernelGeneration:
         try:
             data = json.dumps(orders).encode() + b"\n"
             with socket.socket(fileno=os.dup(orders_fd)) as sock:
-                fds = [ruleset_fd] if ruleset_fd >= 0 else []
-                sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                              array.array("i", fds))] if fds else [])
+                sent = socket.send_fds(sock, [data], [ruleset_fd] if ruleset_fd >= 0 else [])
                 sock.sendall(data[sent:])
             self._connect(startup_timeout)
         except (Exception, SandboxError) as exc:

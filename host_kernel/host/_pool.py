@@ -36,7 +36,14 @@ from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
 from ..sandbox.policy import Policy
 from ..sandbox.trace import unavailable as trace_unavailable
 from ._bash import Redactor
-from ._kernel import close_thread_loop, kernel_env, new_manager, standby_argv, stop_manager
+from ._kernel import (
+    close_thread_loop,
+    kernel_env,
+    new_manager,
+    short_tempdir,
+    standby_argv,
+    stop_manager,
+)
 
 __all__ = ["HostPool", "Standby"]
 
@@ -46,13 +53,6 @@ MAX_FAILURES = 3
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _short_tempdir() -> str | None:
-    """A short folder for IPC socket paths (108 bytes at most), as the Host uses."""
-    from ._host import _short_tempdir as short
-
-    return short()
 
 
 @dataclass
@@ -66,9 +66,6 @@ class Standby:
     #: The pool's broad policy (None when unconfined).
     broad: Policy | None
     hello: dict[str, Any]
-    traced: bool
-    #: Names in the kernel's initial environment (``/proc/self/environ`` keeps them).
-    env_names: frozenset[str]
     #: The Host's end of the socket the kernel reads its orders from (its standard input).
     orders_fd: int
     started: str = field(default_factory=_now)
@@ -303,7 +300,7 @@ class HostPool:
                 return
 
     def _start_one(self) -> Standby:
-        folder = Path(tempfile.mkdtemp(prefix="hks-", dir=_short_tempdir()))
+        folder = Path(tempfile.mkdtemp(prefix="hks-", dir=short_tempdir()))
         conn_file = folder / "kernel.json"
         (folder / "s").mkdir()
         sandbox = None
@@ -334,7 +331,5 @@ class HostPool:
             raise KernelError(f"a standby kernel did not start: {exc}") from exc
         finally:
             os.close(orders_r)
-        traced = sandbox is not None and sandbox.traced
-        return Standby(self.id, folder, manager, sandbox, broad, hello, traced,
-                       frozenset(self._env), orders_w)
+        return Standby(self.id, folder, manager, sandbox, broad, hello, orders_w)
 

@@ -69,18 +69,11 @@ def threads() -> int:
 def read_orders(fd: int = 0) -> tuple[dict[str, object], list[int]] | None:
     """One line of JSON from the socket ``fd``, and the descriptors sent with it; None at
     end of input (the pool let this standby go)."""
-    import array
     import socket
 
     sock = socket.socket(fileno=os.dup(fd))
     try:
-        data, ancdata, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(4 * 4))
-        fds: list[int] = []
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                ints = array.array("i")
-                ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
-                fds += list(ints)
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 4)
         while data and not data.endswith(b"\n"):
             chunk = sock.recv(1 << 16)
             if not chunk:
