@@ -9,6 +9,7 @@ One more is started on its own and sent a cell before it is ready.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import platform
@@ -194,6 +195,21 @@ def test_kernel_info_is_answered_by_the_real_kernel_and_the_heartbeat_by_the_rel
     assert kernel.kc.hb_channel.is_beating()
 
 
+def test_kernel_info_advertises_only_what_the_relay_supports(kernel: RelayKernel) -> None:
+    # ipykernel offers the debugger and kernel subshells; the relay carries neither (the
+    # kernelspec says debugger: false, and subshell cells wait in the one queue).
+    on_shell = kernel.reply_to(kernel.kc.kernel_info())["content"]
+    request = kernel.kc.session.msg("kernel_info_request")
+    kernel.kc.control_channel.send(request)
+    on_control = kernel.kc.control_channel.get_msg(timeout=30)
+    assert on_control["parent_header"]["msg_id"] == request["header"]["msg_id"]
+    for reply in (on_shell, on_control["content"]):
+        assert reply["status"] == "ok"
+        assert "debugger" not in reply["supported_features"]
+        assert "kernel subshells" not in reply["supported_features"]
+        assert reply.get("debugger", False) is False
+
+
 def test_a_cell_sent_before_the_real_kernel_is_ready_is_run_and_recorded(
         tmp_path: Path) -> None:
     workdir = tmp_path / "early"
@@ -349,6 +365,22 @@ def test_requests_queued_behind_a_failing_cell_are_aborted_as_ipykernel_does(
     aborted = [b for b in kernel.events("cell_started") if b["code"] == "print('must not run')"]
     assert statuses[aborted[0]["cell_id"]] == "aborted"
     assert kernel.stdout("print('after')") == "after\n"
+
+
+def test_an_aborted_reply_the_relay_builds_has_ipykernels_shape(kernel: RelayKernel) -> None:
+    failing = kernel.kc.execute("import time\ntime.sleep(0.5)\nraise ValueError('stop here')")
+    queued = kernel.kc.execute("print('must not run')")
+    kernel.sent += ["failing", "queued"]
+    real = kernel.reply_to(failing)  # built by ipykernel itself
+    built = kernel.reply_to(queued)  # built by the relay
+    assert built["content"] == {"status": "aborted"}
+    assert set(built["metadata"]) == set(real["metadata"]) == {
+        "started", "dependencies_met", "engine", "status"}
+    assert built["metadata"]["status"] == "aborted"
+    assert built["metadata"]["engine"] == real["metadata"]["engine"]
+    for started in (built["metadata"]["started"], real["metadata"]["started"]):
+        assert isinstance(started, str) and started.endswith("Z"), started
+        dt.datetime.fromisoformat(started.replace("Z", "+00:00"))
 
 
 def test_a_message_with_a_bad_signature_is_dropped(kernel: RelayKernel) -> None:

@@ -17,7 +17,11 @@ and idle status for the previous one; comm messages skip the queue, as they do
 inside ipykernel. That reply and idle status reach the frontend only once the
 cell is in the record, so a frontend that sees a cell end can read it there.
 When a cell fails with ``stop_on_error`` the execute requests held behind it
-are answered ``aborted``, as ipykernel would.
+are answered ``aborted``, in the shape ipykernel gives such replies. The
+kernel's ``kernel_info_reply`` is passed on with what the relay does not carry
+taken out of it: the debugger (the kernelspec says ``debugger: false``) and
+kernel subshells (the relay runs every cell in one queue, so a frontend must
+not think it may run cells side by side); see :data:`WITHHELD_FEATURES`.
 
 It does not own the record's meaning (the Host does) nor the kernelspec
 (``kernelspec``). A frontend's restart ends this process; the session goes on
@@ -34,6 +38,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +59,11 @@ __all__ = ["Relay", "RelayState"]
 COMMS = frozenset({"comm_open", "comm_msg", "comm_close"})
 OUTPUTS = frozenset({"stream", "display_data", "execute_result", "error", "clear_output",
                      "update_display_data"})
+#: ``supported_features`` of ipykernel's ``kernel_info_reply`` that the relay does not
+#: honour, so it does not advertise them: debug requests are not relayed as the protocol
+#: wants them (and the kernelspec says ``debugger: false``), and subshell execute requests
+#: are queued with every other cell, never run concurrently.
+WITHHELD_FEATURES = frozenset({"debugger", "kernel subshells"})
 #: Seconds the loop waits for a message before looking after the kernel.
 TICK = 0.1
 #: How often the kernel process is checked for life.
@@ -131,6 +141,9 @@ class Relay:
         self._shutdown: _Shutdown | None = None
         self._shell_origin: dict[str, list[bytes]] = {}
         self._control_origin: dict[str, list[bytes]] = {}
+        # The ``engine`` of the relay's own execute replies: the kernel's ident once one of
+        # its replies has named it, a stand-in of the same form until then.
+        self._engine = str(uuid.uuid4())
         self._signals: set[int] = set()
         # As ipykernel does: when the launcher named itself (JPY_PARENT_PID), outlive it no more.
         parent = int(os.environ.get("JPY_PARENT_PID") or 0)
@@ -398,9 +411,12 @@ class Relay:
         if inf is not None and parent_id == inf.msg_id:
             inf.reply = msg
             inf.first_end = inf.first_end or time.monotonic()
+            metadata = msg.part(2)
+            if isinstance(metadata.get("engine"), str):
+                self._engine = metadata["engine"]
             self._maybe_finish()
             return
-        self._to_front(self.f_shell, idents, msg)
+        self._to_front(self.f_shell, idents, self._honest(msg))
 
     def _kernel_iopub(self, frames: list[bytes]) -> None:
         assert self.kernel is not None
@@ -448,9 +464,24 @@ class Relay:
         idents = self._control_origin.pop(str(msg.part(1).get("msg_id")), None)
         if idents is None:
             return
-        self._to_front(self.f_control, idents, msg)
+        self._to_front(self.f_control, idents, self._honest(msg))
         if msg.part(0).get("msg_type") == "shutdown_reply" and self._shutdown is not None:
             self._shutdown.replied_at = time.monotonic()
+
+    @staticmethod
+    def _honest(msg: Frames) -> Frames:
+        """``msg`` as the frontend may see it: a ``kernel_info_reply`` advertises only what
+        the relay supports (:data:`WITHHELD_FEATURES` removed, ``debugger`` false)."""
+        if msg.part(0).get("msg_type") != "kernel_info_reply":
+            return msg
+        content = dict(msg.part(3))
+        features = content.get("supported_features")
+        if isinstance(features, list):
+            content["supported_features"] = [f for f in features if f not in WITHHELD_FEATURES]
+        if "debugger" in content:
+            content["debugger"] = False
+        msg.replace(3, content)
+        return msg
 
     # ------------------------------------------------------------------ cells
 
@@ -500,13 +531,19 @@ class Relay:
             self.host.begin_cell(str(content.get("code", "")), silent=bool(content.get("silent")),
                                  frontend_cell_id=front_id if isinstance(front_id, str) else None)
             self.host.finish_cell("aborted", None, [], notice="not run: an earlier cell failed")
-            started = dt.datetime.now(dt.UTC).isoformat()
             self._status("busy", header)
             self._compose(self.f_shell, msg.idents, "execute_reply", {"status": "aborted"},
-                          header, {"started": started, "dependencies_met": True,
-                                   "status": "aborted"})
+                          header, self._reply_metadata("aborted"))
             self._status("idle", header)
         self._held = keep
+
+    def _reply_metadata(self, status: str) -> dict[str, Any]:
+        """An execute_reply's metadata in ipykernel's shape: ``started`` (UTC, ``Z``),
+        ``dependencies_met``, ``engine`` (the kernel's ident, as its own replies gave it) and
+        ``status``."""
+        started = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+        return {"started": started, "dependencies_met": True, "engine": self._engine,
+                "status": status}
 
     def _kernel_died(self) -> None:
         """The kernel process is gone: record it, start the next generation, tell the frontend."""
@@ -530,7 +567,7 @@ class Relay:
             if inf.reply is None:
                 self._compose(self.f_shell, inf.idents, "execute_reply",
                               {"status": "error", "execution_count": inf.execution_count,
-                               **error}, inf.header, {"status": "error"})
+                               **error}, inf.header, self._reply_metadata("error"))
             self._release(inf)
             if inf.idle is None:
                 self._status("idle", inf.header)
