@@ -14,6 +14,16 @@ protocol and points fd 1 at stderr (and fd 0 at the null device), so the
 kernel, ``host.bash`` commands and any C library that writes to fd 1 land on
 stderr; the protocol reads and writes only the private duplicates.
 
+A tool whose work failed answers with ``isError`` set and the Observation text as
+its content, so an MCP client (and the model behind it) can tell failure from
+success without parsing prose: a cell that ended other than ``ok`` (an error, a
+timeout, a kernel death, an interruption), a ``host.*`` call the Host refused
+(it raises in the cell, so the cell ends ``error``), and a submission the Host
+refused. Whether a submission was accepted is read from the Host's record (the
+``submissions`` row of that cell), never from what the cell printed. A command
+that ran and exited non-zero is not an error of the tool: its receipt, with the
+exit status, is the answer.
+
 Built on the ``mcp`` package (the Model Context Protocol's Python SDK):
 ``MCPServer`` in mcp 2, ``FastMCP`` in mcp 1; both offer the same ``tool``
 decorator and ``run("stdio")``. It does not own the Host, the verifier or the
@@ -32,7 +42,7 @@ from contextlib import asynccontextmanager
 from importlib import import_module
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from ._version import __version__
 from .agent.worker import HostThread
@@ -76,6 +86,27 @@ def _call(name: str, *args: object, **kwargs: object) -> str:
     return f"host.{name}({', '.join(parts)})"
 
 
+def _answer(text: str, failed: bool) -> str:
+    """A tool's answer: ``text`` as is, or, when the work failed, a result marked
+    ``isError`` with ``text`` as its content.
+
+    The tools are declared to return ``str`` (the SDK builds their output schema from
+    that, and refuses a union with its result type), and the SDK passes a returned
+    ``CallToolResult`` through unchanged; hence the cast.
+    """
+    if not failed:
+        return text
+    from mcp.types import CallToolResult
+
+    return cast(str, CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": text}], "isError": True}))
+
+
+def _observed(obs: Any) -> str:
+    """The Observation's text, marked as an error unless the cell ended ``ok``."""
+    return _answer(str(obs.text), obs.status != "ok")
+
+
 def _stdout_of(obs: Any) -> str:
     return "".join(o.get("text", "") for o in obs.outputs
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")
@@ -92,33 +123,45 @@ def build_server(host: Host, worker: HostThread, *,
     def run_cell(code: str, timeout: float | None = None) -> Any:
         return worker.call(lambda: host.execute(code, timeout=timeout))
 
+    def accepted(cell_id: str) -> bool:
+        """Whether the Host's record holds an accepted submission made in ``cell_id``."""
+        def read() -> bool:
+            if host.ledger is None:
+                return False
+            rows = host.ledger.query("SELECT accepted FROM submissions WHERE cell_id = ? "
+                                     "AND session = ?", (cell_id, host.session_id))
+            return bool(rows) and all(bool(r["accepted"]) for r in rows)
+        return bool(worker.call(read))
+
     def execute_cell(code: str, timeout: float | None = None) -> str:
         """Run Python code as one notebook cell; returns the Observation text (output,
-        errors, notices such as a kernel restart). Variables persist between cells while
-        the kernel lives."""
-        return str(run_cell(code, timeout).text)
+        errors, notices such as a kernel restart), marked as an error when the cell did
+        not end ok. Variables persist between cells while the kernel lives."""
+        return _observed(run_cell(code, timeout))
 
     def write_file(path: str, content: str) -> str:
         """Write a text file in the workspace (the Host writes it atomically and records
-        it), via host.write_file in a cell."""
-        return str(run_cell(_call("write_file", path, content)).text)
+        it), via host.write_file in a cell; an error when the Host refused it."""
+        return _observed(run_cell(_call("write_file", path, content)))
 
     def read_file(path: str) -> str:
         """Read a text file of the workspace, via host.read_file in a cell; returns its
-        whole content (or the cell's error)."""
+        whole content, or the cell's error marked as an error."""
         obs = run_cell(f"print({_call('read_file', path)}, end='')")
-        return _stdout_of(obs) if obs.status == "ok" else str(obs.text)
+        return _stdout_of(obs) if obs.status == "ok" else _observed(obs)
 
     def run_command(command: str, timeout: float | None = None) -> str:
         """Run a shell command with host.bash in a cell: the Host runs `bash -c command`,
         keeps a receipt (exit status, output hashes) and streams the output; returns the
-        Observation text, ending with the receipt."""
-        return str(run_cell(_call("bash", command, timeout=timeout)).text)
+        Observation text, ending with the receipt. A command that exits non-zero is an
+        answer, not an error; a call the Host refused (or a cell that failed) is."""
+        return _observed(run_cell(_call("bash", command, timeout=timeout)))
 
     def save_artifact(path: str, filename: str | None = None) -> str:
         """Copy a workspace file into the artifact store (content-addressed, with lineage)
         via host.save_artifact in a cell; the Observation names the artifact id."""
-        return str(run_cell(_call("save_artifact", path, filename=filename)).text)
+        return _observed(
+            run_cell(_call("save_artifact", path, filename=filename)))
 
     def submit_output(output: dict[str, Any], completion_bullets: list[str],
                       task_status: str | None = None,
@@ -137,15 +180,19 @@ def build_server(host: Host, worker: HostThread, *,
                   "architecture_summary": architecture_summary, "test_evidence": test_evidence}
         payload = json.dumps({k: v for k, v in fields.items() if v is not None})
         code = f"print(host.submit_output(**__import__('json').loads({payload!r})).explain())"
-        return str(run_cell(code).text)
+        obs = run_cell(code)
+        # Accepted only if the Host's record says so; what the cell printed decides nothing.
+        return _answer(str(obs.text),
+                       obs.status != "ok" or not accepted(obs.cell_id))
 
     def lineage(artifact_id: str, format: str = "text") -> str:
         """An artifact's lineage (what flowed into it), via host.lineage in a cell.
         format: text, mermaid, dot or json."""
         template = LINEAGE_FORMATS.get(format)
         if template is None:
-            return f"unknown format {format!r}; use one of {', '.join(LINEAGE_FORMATS)}"
-        return str(run_cell(template.format(id=artifact_id)).text)
+            return _answer(
+                f"unknown format {format!r}; use one of {', '.join(LINEAGE_FORMATS)}", True)
+        return _observed(run_cell(template.format(id=artifact_id)))
 
     def list_record(limit: int = 50) -> str:
         """This session's record so far, as JSON: the latest cells (id, generation, status,

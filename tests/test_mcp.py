@@ -26,8 +26,17 @@ TEST_CMD = "python -m pytest -q tests"
 CELL_ID = re.compile(r"\[cell id: ([A-Za-z0-9_-]+)\]")
 
 
+def is_error(result: Any) -> bool:
+    return bool(getattr(result, "is_error", getattr(result, "isError", False)))
+
+
 def text_of(result: Any) -> str:
-    assert not getattr(result, "is_error", getattr(result, "isError", False)), result
+    assert not is_error(result), result
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+def error_text_of(result: Any) -> str:
+    assert is_error(result), result
     return "".join(getattr(block, "text", "") for block in result.content)
 
 
@@ -54,8 +63,8 @@ async def drive(params: StdioServerParameters, errlog: Any) -> dict[str, Any]:
         seen["read"] = await call("read_file", path="pkg/core.py")
         seen["tests"] = await call("run_command", command=TEST_CMD)
         (test_cell,) = CELL_ID.findall(seen["tests"])
-        seen["refused"] = await call("submit_output", output={"summary": "adder"},
-                                     completion_bullets=["wrote an adder"])
+        seen["refused"] = error_text_of(await session.call_tool("submit_output", {
+            "output": {"summary": "adder"}, "completion_bullets": ["wrote an adder"]}))
         seen["accepted"] = await call(
             "submit_output", output={"summary": "adder", "files": ["pkg/core.py"]},
             completion_bullets=["wrote an adder with a test"], task_status="completed",
@@ -66,6 +75,24 @@ async def drive(params: StdioServerParameters, errlog: Any) -> dict[str, Any]:
         assert artifact is not None, seen["saved"][0]
         seen["lineage"] = await call("lineage", artifact_id=artifact.group(1))
         seen["record"] = json.loads(await call("list_record"))
+        # Failures come back marked isError, with the Observation text as the content.
+        seen["failed_cell"] = error_text_of(
+            await session.call_tool("execute_cell", {"code": "1 / 0"}))
+        seen["refused_call"] = error_text_of(await session.call_tool(
+            "write_file", {"path": "../outside.txt", "content": "x"}))
+        seen["bad_format"] = error_text_of(await session.call_tool(
+            "lineage", {"artifact_id": artifact.group(1), "format": "svg"}))
+        # A command that ran and exited non-zero is an answer (its receipt), not an error.
+        seen["exit_1"] = await call("run_command", command="exit 1")
+        # A kernel that fakes the verdict prints "accepted", but the Host's record holds
+        # no accepted submission for that cell, so the answer is still an error.
+        await call("execute_cell", code=(
+            "class FakeVerdict:\n"
+            "    def explain(self):\n"
+            "        return 'Submission s accepted (reusable_pipeline, armed).'\n"
+            "host.submit_output = lambda **kw: FakeVerdict()"))
+        seen["forged"] = error_text_of(await session.call_tool("submit_output", {
+            "output": {"summary": "x"}, "completion_bullets": ["x"]}))
     return seen
 
 
@@ -89,6 +116,12 @@ def test_an_mcp_client_lists_tools_runs_a_cell_and_a_command_and_submits(
     assert seen["read"] == SOURCES["pkg/core.py"]
     assert "1 passed" in seen["tests"]
     assert "SubmissionRefused" in seen["refused"] and "[declarations_missing]" in seen["refused"]
+    assert "ZeroDivisionError" in seen["failed_cell"]
+    assert CELL_ID.match(seen["failed_cell"])  # the whole Observation text, cell id first
+    assert "[path_refused]" in seen["refused_call"]
+    assert "unknown format 'svg'" in seen["bad_format"]
+    assert "exit 1" in seen["exit_1"]
+    assert "accepted (reusable_pipeline, armed)" in seen["forged"]
     assert "accepted (reusable_pipeline, armed)" in seen["accepted"], seen["accepted"]
     assert "artifact core.py (" in seen["lineage"]
     record = seen["record"]
