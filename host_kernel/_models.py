@@ -4,11 +4,15 @@ Frozen, slotted dataclasses, each serialised one way (``to_dict`` /
 ``from_dict``). The kernel side rebuilds them from the Host's JSON for display;
 a value rebuilt or forged in the kernel decides nothing, because the Host
 verifies against its own record, never against these objects.
+
+Each shows itself in a notebook through IPython's display protocol: a compact
+plain text (its ``repr``, what a terminal and an agent's Observation read) and
+an HTML and a Markdown card drawn by :mod:`host_kernel._display`.
 """
 
 from __future__ import annotations
 
-import html
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeVar
 
@@ -22,7 +26,7 @@ __all__ = [
     "Verdict",
 ]
 
-Status = Literal["ok", "error", "timeout", "kernel_died"]
+Status = Literal["ok", "error", "timeout", "kernel_died", "interrupted"]
 T = TypeVar("T")
 
 
@@ -31,8 +35,37 @@ def _from_dict(cls: type[T], data: dict[str, Any]) -> T:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
+class Displayed:
+    """IPython's display protocol for a value: ``text/plain``, ``text/html``, ``text/markdown``.
+
+    ``text/plain`` is :meth:`_plain_text` (the ``repr`` unless a class says
+    otherwise); the Host builds an Observation's text from it, so it stays
+    compact. Each rich form is rendered only when a frontend asks for it.
+    """
+
+    __slots__ = ()
+
+    def _plain_text(self) -> str:
+        return repr(self)
+
+    def _repr_html_(self) -> str:
+        raise NotImplementedError
+
+    def _repr_markdown_(self) -> str:
+        raise NotImplementedError
+
+    def _renderers(self) -> dict[str, Callable[[], Any]]:
+        return {"text/plain": self._plain_text, "text/html": self._repr_html_,
+                "text/markdown": self._repr_markdown_}
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        from ._display import mimebundle
+
+        return mimebundle(self._renderers(), include, exclude)
+
+
 @dataclass(frozen=True, slots=True)
-class Observation:
+class Observation(Displayed):
     """What one executed cell produced, as the Host saw it."""
 
     cell_id: str
@@ -47,6 +80,24 @@ class Observation:
     def __str__(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:
+        return (f"Observation(cell_id={self.cell_id!r}, status={self.status!r}, "
+                f"generation={self.generation}, execution_count={self.execution_count}, "
+                f"duration={self.duration:.3f})")
+
+    def _plain_text(self) -> str:
+        return repr(self) + ("\n" + self.text if self.text else "")
+
+    def _repr_html_(self) -> str:
+        from ._display import observation_html
+
+        return observation_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from ._display import observation_markdown
+
+        return observation_markdown(self)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["outputs"] = list(self.outputs)
@@ -54,12 +105,22 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
-class FileRecord:
+class FileRecord(Displayed):
     """A file the Host wrote for a cell."""
 
     path: str
     sha256: str
     size: int
+
+    def _repr_html_(self) -> str:
+        from ._display import file_html
+
+        return file_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from ._display import file_markdown
+
+        return file_markdown(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FileRecord:
@@ -77,7 +138,7 @@ class FileChange:
 
 
 @dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(Displayed):
     """The Host's own record of one ``host.bash`` command."""
 
     receipt_id: str
@@ -140,27 +201,18 @@ class Receipt:
                 f"{self.duration:.3f}s, cell {self.cell_id})")
 
     def _repr_html_(self) -> str:
-        rows = [
-            ("receipt", self.receipt_id),
-            ("command", self.command),
-            ("outcome", self.outcome()),
-            ("cwd", self.cwd),
-            ("executable", f"{self.executable or '?'}"
-             + (" (inside the workspace)" if self.executable_in_workspace else "")),
-            ("PATH", "differs from launch" if self.path_differs else "as launched"),
-            ("duration", f"{self.duration:.3f} s"),
-            ("stdout", f"{self.stdout_size} bytes, sha256 {self.stdout_sha256[:12]}…"),
-            ("stderr", f"{self.stderr_size} bytes, sha256 {self.stderr_sha256[:12]}…"),
-            ("changes", ", ".join(f"{c.change} {c.path}" for c in self.changes) or "none"),
-        ]
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-                       f"<td style='text-align:left'><code>{html.escape(str(v))}</code></td></tr>"
-                       for k, v in rows)
-        return f"<table>{body}</table>"
+        from ._display import receipt_html
+
+        return receipt_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from ._display import receipt_markdown
+
+        return receipt_markdown(self)
 
 
 @dataclass(frozen=True, slots=True)
-class Artifact:
+class Artifact(Displayed):
     """A file copied into the content-addressed store."""
 
     artifact_id: str
@@ -179,6 +231,16 @@ class Artifact:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def _repr_html_(self) -> str:
+        from ._display import artifact_html
+
+        return artifact_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from ._display import artifact_markdown
+
+        return artifact_markdown(self)
+
 
 @dataclass(frozen=True, slots=True)
 class Check:
@@ -191,7 +253,7 @@ class Check:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(Displayed):
     """The verifier's answer to one submission."""
 
     submission_id: str
@@ -221,6 +283,24 @@ class Verdict:
         lines = [f"Submission {self.submission_id} refused; fix each of these and submit again:"]
         lines += [f"- [{c.code}] {c.message}" for c in self.failed if not c.advisory]
         return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        from ._display import verdict_text
+
+        return verdict_text(self)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def _repr_html_(self) -> str:
+        from ._display import verdict_html
+
+        return verdict_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from ._display import verdict_markdown
+
+        return verdict_markdown(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -184,7 +184,10 @@ def test_receipt_renders_readably(host: Host) -> None:
     result = obs.outputs[-1]
     assert result["output_type"] == "execute_result"
     assert "exit 0" in result["data"]["text/plain"]
-    assert "<table>" in result["data"]["text/html"]
+    assert "data-hk-card='receipt'" in result["data"]["text/html"]
+    # The agent reads the plain text, and one line naming the richer forms.
+    assert "[text/html: " in obs.text and "text/markdown: " in obs.text
+    assert obs.text.count("kept in the record]") == 1
 
 
 def test_a_receipt_rebuilt_in_the_kernel_changes_nothing_in_the_record(host: Host) -> None:

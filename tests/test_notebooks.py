@@ -1,9 +1,12 @@
 """The example notebooks run green under the control kernel, with nbclient and with nbval,
-and leave a record that holds every cell and audits clean."""
+and leave a record that holds every cell and audits clean; their saved outputs show the
+rich displays (receipt, artifact, verdict and lineage cards), which nbval compares after
+sanitising what changes from run to run (tests/nbval_sanitize.cfg)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +26,9 @@ from host_kernel.store.ledger import SQLiteLedger, rebuild
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 NAMES = ("quickstart", "reusable_pipeline", "artifact_audit")
+SANITIZE = Path(__file__).resolve().parent / "nbval_sanitize.cfg"
+CHECKED = "nbval-check-output"  # the cells whose saved outputs nbval compares
+MAX_NOTEBOOK_BYTES = 48_000
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +60,33 @@ def assert_clean(record: Path) -> None:
     assert report.clean, [str(f) for f in report.findings]
 
 
+def cards(cell: object) -> list[str]:
+    """The kinds of host_kernel cards in a code cell's saved outputs."""
+    htmls = [out.get("data", {}).get("text/html", "")
+             for out in cell.outputs]  # type: ignore[attr-defined]
+    return [kind for html in htmls for kind in re.findall(r"data-hk-card='(\w+)'", html)]
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_notebooks_are_committed_clean(name: str) -> None:
-    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+def test_notebooks_are_committed_valid_with_small_saved_outputs(name: str) -> None:
+    path = NOTEBOOKS / f"{name}.ipynb"
+    assert path.stat().st_size < MAX_NOTEBOOK_BYTES
+    nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     assert (nb.nbformat, nb.nbformat_minor) == (4, 5)
-    assert all(c.outputs == [] and c.execution_count is None
-               for c in nb.cells if c.cell_type == "code")
     assert nb.metadata.kernelspec.name.startswith("host_kernel")
+    checked = [c for c in nb.cells if CHECKED in c.metadata.get("tags", [])]
+    assert checked
+    for cell in checked:  # a card as the last expression, saved, for nbval to compare
+        [result] = [o for o in cell.outputs if o.output_type == "execute_result"]
+        assert cards(cell) and result.data["text/plain"] and result.data["text/markdown"]
+
+
+def test_the_notebooks_show_a_receipt_an_artifact_a_verdict_and_a_lineage() -> None:
+    shown = {kind for name in NAMES
+             for cell in nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4).cells
+             if cell.cell_type == "code" for kind in cards(cell)}
+    assert shown >= {"receipt", "artifact", "verdict", "lineage"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -105,6 +130,7 @@ def test_nbval_passes_every_notebook_under_its_own_kernelspec(jupyter_path: Path
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+         "--nbval-sanitize-with", str(SANITIZE),
          "--nbval-kernel-startup-timeout", "60", *(f"{n}.ipynb" for n in NAMES)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -47,13 +47,14 @@ def _bundle(data: Mapping[str, Any]) -> list[str]:
     text = data.get("text/plain")
     if isinstance(text, list):
         text = "".join(text)
-    for mime, value in data.items():
-        if mime == "text/plain":
-            continue
-        kind = "base64 " if mime.startswith("image/") and mime != "image/svg+xml" else ""
-        parts.append(f"[{mime}: {_size(value)} {kind}characters, kept in the record]")
     if text is not None:
-        parts.insert(0, text)
+        parts.append(text)
+    # One line names every other representation (a rich display carries several).
+    others = [f"{mime}: {_size(value)} "
+              f"{'base64 ' if mime.startswith('image/') and mime != 'image/svg+xml' else ''}"
+              f"characters" for mime, value in data.items() if mime != "text/plain"]
+    if others:
+        parts.append(f"[{', '.join(others)}, kept in the record]")
     return parts
 
 

@@ -20,12 +20,13 @@ content version of a workspace file), ``cell:<cell id>``, ``receipt:<uuid>``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._errors import FileProblem
+from .._models import Displayed
 from ..store.ledger import Ledger
 from ..store.verified import open_verified
 
@@ -52,8 +53,12 @@ class LineageEdge:
 
 
 @dataclass(frozen=True, slots=True)
-class Lineage:
-    """The upstream graph of one artifact; ``truncated`` when the bound was reached."""
+class Lineage(Displayed):
+    """The upstream graph of one artifact; ``truncated`` when the bound was reached.
+
+    In a notebook it shows as a card with the graph drawn inline (SVG, see
+    :mod:`host_kernel.lineage.svg`); its plain text is :meth:`to_text`.
+    """
 
     root: str
     nodes: tuple[LineageNode, ...]
@@ -113,8 +118,32 @@ class Lineage:
             lines.append(f"[graph cut at {MAX_NODES} nodes]")
         return "\n".join(lines) + "\n"
 
+    # -- displays
+
+    def __repr__(self) -> str:
+        return (f"Lineage(root={self.root!r}, nodes={len(self.nodes)}, edges={len(self.edges)}"
+                + (", truncated=True)" if self.truncated else ")"))
+
+    def _plain_text(self) -> str:
+        return self.to_text().rstrip("\n")
+
+    def _repr_html_(self) -> str:
+        from .._display import lineage_html
+
+        return lineage_html(self)
+
     def _repr_markdown_(self) -> str:
-        return "```\n" + self.to_text() + "```"
+        from .._display import lineage_markdown
+
+        return lineage_markdown(self)
+
+    def _repr_svg_(self) -> str:
+        from .svg import lineage_svg
+
+        return lineage_svg(self)
+
+    def _renderers(self) -> dict[str, Callable[[], Any]]:
+        return {**Displayed._renderers(self), "image/svg+xml": self._repr_svg_}
 
     def to_mermaid(self) -> str:
         ids = {n.id: f"n{i}" for i, n in enumerate(self.nodes)}
