@@ -11,7 +11,9 @@ the artifact is layer 0 at the right, each input one layer further left than
 the furthest node that points at it, so data flows left to right while the
 arrows, like the Mermaid and DOT exports, point from a node to what it came
 from. Inside a layer nodes keep a stable order (the mean position of the nodes
-pointing at them, then the graph's own order).
+pointing at them, then the graph's own order). An edge that spans several layers
+gets a waypoint in each layer it crosses, which takes a row there like a node,
+so the edge is drawn through free space and never across a box.
 
 Labels come from the record, which an agent wrote, so every piece of text is
 XML-escaped and characters XML cannot hold are replaced. The markup is a
@@ -63,7 +65,20 @@ def lineage_svg(graph: Lineage, *, title: str | None = None) -> str:
     kept = {n.id for n in nodes}
     edges = [e for e in graph.edges if e.src in kept and e.dst in kept and e.src != e.dst]
     layers = _layers(graph.root, nodes, edges)
-    columns = _order(nodes, edges, layers)
+    # Waypoints: one per layer an edge crosses, placed and ordered like nodes.
+    ways: dict[int, list[str]] = {}
+    links: list[tuple[str, str]] = []
+    for i, e in enumerate(edges):
+        hops = [e.src]
+        for layer in range(layers[e.src] + 1, layers[e.dst]):
+            way = f"\x00way {i} {layer}"  # no node id holds NUL
+            layers[way] = layer
+            hops.append(way)
+        hops.append(e.dst)
+        ways[i] = hops[1:-1]
+        links += zip(hops, hops[1:], strict=False)
+    ids = [n.id for n in nodes] + [w for hops in ways.values() for w in hops]
+    columns = _order(ids, links, layers)
 
     ncols = max(len(columns), 1)
     nrows = max((len(c) for c in columns), default=1)
@@ -77,8 +92,8 @@ def lineage_svg(graph: Lineage, *, title: str | None = None) -> str:
     for layer, column in enumerate(columns):
         x = _PAD + (ncols - 1 - layer) * (_NODE_W + _GAP_X)
         offset = (body_h - (len(column) * _NODE_H + (len(column) - 1) * _GAP_Y)) // 2
-        for row, node in enumerate(column):
-            pos[node.id] = (x, top + offset + row * (_NODE_H + _GAP_Y))
+        for row, nid in enumerate(column):
+            pos[nid] = (x, top + offset + row * (_NODE_H + _GAP_Y))
 
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -96,7 +111,7 @@ def lineage_svg(graph: Lineage, *, title: str | None = None) -> str:
             f'<text x="{_PAD}" y="{_PAD + 14}" font-weight="bold" fill="currentColor">'
             f"{_x(_short(title, 80))}</text>"
         )
-    out.extend(_edge(e, pos) for e in edges)
+    out.extend(_edge(e, pos, ways[i]) for i, e in enumerate(edges))
     out.extend(_node(n, pos[n.id], n.id == graph.root) for n in nodes)
     for i, note in enumerate(notes):
         y = top + body_h + _PAD + i * _NOTE_H + 12
@@ -174,26 +189,27 @@ def _layers(root: str, nodes: list[LineageNode], edges: list[LineageEdge]) -> di
 
 
 def _order(
-    nodes: list[LineageNode], edges: list[LineageEdge], layers: dict[str, int]
-) -> list[list[LineageNode]]:
-    """Nodes grouped by layer; in each, by the mean row of the nodes pointing at them."""
+    ids: list[str], links: list[tuple[str, str]], layers: dict[str, int]
+) -> list[list[str]]:
+    """Node and waypoint ids grouped by layer; in each, by the mean row of what points at
+    them, then their order in ``ids``."""
     depth = max(layers.values(), default=0)
-    columns: list[list[LineageNode]] = [[] for _ in range(depth + 1)]
-    for n in nodes:
-        columns[layers[n.id]].append(n)
-    index = {n.id: i for i, n in enumerate(nodes)}
+    columns: list[list[str]] = [[] for _ in range(depth + 1)]
+    for nid in ids:
+        columns[layers[nid]].append(nid)
+    index = {nid: i for i, nid in enumerate(ids)}
     pred: dict[str, list[str]] = {}
-    for e in edges:
-        pred.setdefault(e.dst, []).append(e.src)
+    for src, dst in links:
+        pred.setdefault(dst, []).append(src)
     row: dict[str, int] = {}
     for column in columns:
 
-        def key(n: LineageNode) -> tuple[float, int]:
-            rows = [row[p] for p in pred.get(n.id, []) if p in row]
-            return (sum(rows) / len(rows) if rows else float(index[n.id]), index[n.id])
+        def key(nid: str) -> tuple[float, int]:
+            rows = [row[p] for p in pred.get(nid, []) if p in row]
+            return (sum(rows) / len(rows) if rows else float(index[nid]), index[nid])
 
         column.sort(key=key)
-        row.update((n.id, r) for r, n in enumerate(column))
+        row.update((nid, r) for r, nid in enumerate(column))
     return [c for c in columns if c]
 
 
@@ -217,20 +233,30 @@ def _node(node: LineageNode, at: tuple[int, int], is_root: bool) -> str:
     )
 
 
-def _edge(edge: LineageEdge, pos: dict[str, tuple[int, int]]) -> str:
+def _edge(edge: LineageEdge, pos: dict[str, tuple[int, int]], ways: list[str]) -> str:
+    mid = _NODE_H // 2
+    # From the left side of the node that came from something, through the row kept for
+    # it in each layer it crosses, to the right side of what it came from.
     sx, sy = pos[edge.src]
+    x, y = sx, sy + mid
+    d = f"M{x},{y}"
+    for way in ways:
+        wx, wy = pos[way]
+        bend = max((x - wx - _NODE_W) // 2, 24)
+        d += f" C{x - bend},{y} {wx + _NODE_W + bend},{wy + mid} {wx + _NODE_W},{wy + mid}"
+        x, y = wx, wy + mid
+        d += f" L{x},{y}"
     dx, dy = pos[edge.dst]
-    # From the left side of the node that came from something to the right side of it.
-    x1, y1 = sx, sy + _NODE_H // 2
-    x2, y2 = dx + _NODE_W, dy + _NODE_H // 2
-    bend = max(abs(x1 - x2) // 2, 24)
+    x2, y2 = dx + _NODE_W, dy + mid
+    bend = max((x - x2) // 2, 24)
+    d += f" C{x - bend},{y} {x2 + bend},{y2} {x2},{y2}"
     dash = ' stroke-dasharray="4 3"' if edge.relation != "wasDerivedFrom" else ""
     label = edge.relation + (f" ({edge.method})" if edge.method else "")
     return (
         f'<g class="edge" data-from="{_x(edge.src)}" data-to="{_x(edge.dst)}" '
         f'data-relation="{_x(edge.relation)}">'
         f"<title>{_x(label)}</title>"
-        f'<path d="M{x1},{y1} C{x1 - bend},{y1} {x2 + bend},{y2} {x2},{y2}" fill="none" '
+        f'<path d="{d}" fill="none" '
         f'stroke="#888888" stroke-width="1.3"{dash} marker-end="url(#hk-arrow)"/>'
         "</g>"
     )
