@@ -1,0 +1,354 @@
+"""The record viewer's web application and the loopback server that runs it.
+
+Owns the Starlette app (its routes, the token gate, the security headers, the
+red banner of a refused record) and :class:`ViewerServer`, which serves it with
+uvicorn on 127.0.0.1 only, in the foreground (``host-kernel view``) or in a
+thread (:func:`serve_in_thread`, for tests and embedding).
+
+Every page request opens the record again through
+:func:`~host_kernel.store.verified.open_verified`, so a record tampered with
+while the viewer runs is refused on the next request; the pages are read from
+the projection it rebuilt from the checked events (:mod:`.pages`). Only GET and
+HEAD are served, and nothing here writes the record. It does not decide what a
+page shows (:mod:`.pages` does) nor how (the templates do).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import uvicorn
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..lineage.svg import lineage_svg
+from ..store.ledger import RecordRefused, SQLiteLedger
+from ..store.verified import open_verified
+from . import pages
+
+__all__ = ["ViewerServer", "create_app", "serve_in_thread"]
+
+HERE = Path(__file__).parent
+STATIC = HERE / "static"
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".svg": "image/svg+xml", ".png": "image/png", ".ico": "image/x-icon"}
+
+#: The status of every page of a record that failed its checks (the banner, nothing else).
+REFUSED_STATUS = 409
+
+#: No script runs on a page (there is none of ours); record HTML sits in sandboxed frames,
+#: which inherit this policy, so nothing in them can reach the network either.
+CSP = ("default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+]
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost"})
+
+
+# --------------------------------------------------------------------------- the gate
+
+
+class TokenGate:
+    """ASGI middleware in front of every route: GET and HEAD only (405 otherwise), a
+    loopback Host header, and the viewer's token as ``?token=`` or as the cookie that the
+    first visit with the token sets (403 otherwise). Adds the security headers to every
+    response."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # no websockets, and no lifespan: uvicorn runs with lifespan off
+        port = (scope.get("server") or ("", 0))[1]
+        cookie_name = f"host_kernel_view_{port}"  # cookies ignore ports; viewers must not
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        from_query = (query.get("token") or [""])[0]
+        jar: SimpleCookie = SimpleCookie()
+        try:
+            jar.load(headers.get("cookie", ""))
+        except Exception:  # a malformed Cookie header is no token
+            jar = SimpleCookie()
+        from_cookie = jar[cookie_name].value if cookie_name in jar else ""
+        host = headers.get("host", "").rsplit(":", 1)[0].strip("[]").lower()
+
+        response: Response | None = None
+        if scope["method"] not in ("GET", "HEAD"):
+            response = PlainTextResponse("the viewer is read-only: GET and HEAD only\n",
+                                         status_code=405, headers={"Allow": "GET, HEAD"})
+        elif host not in LOOPBACK_NAMES:
+            response = PlainTextResponse("forbidden: the viewer answers on loopback only\n",
+                                         status_code=403)
+        elif not (_same(from_query, self.token) or _same(from_cookie, self.token)):
+            response = PlainTextResponse(
+                "forbidden: open the URL `host-kernel view` printed, with its ?token=\n",
+                status_code=403)
+
+        set_cookie = _same(from_query, self.token) and not _same(from_cookie, self.token)
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                extra = list(HEADERS)
+                if set_cookie and response is None:
+                    extra.append((b"set-cookie", f"{cookie_name}={self.token}; Path=/; "
+                                  f"HttpOnly; SameSite=Strict".encode()))
+                message["headers"] = list(message.get("headers", [])) + extra
+            await send(message)
+
+        if response is not None:
+            await response(scope, receive, with_headers)
+        else:
+            await self.app(scope, receive, with_headers)
+
+
+def _same(given: str, token: str) -> bool:
+    return bool(given) and secrets.compare_digest(given.encode(), token.encode())
+
+
+# --------------------------------------------------------------------------- pages
+
+
+class Viewer:
+    """The routes of one record's viewer."""
+
+    def __init__(self, record_dir: Path) -> None:
+        self.record_dir = record_dir
+        self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True,
+                               undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.static = {p.name: p for p in STATIC.iterdir() if p.is_file()} \
+            if STATIC.is_dir() else {}
+
+    def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("header", None)
+        context.setdefault("refused", None)
+        context.setdefault("record_path", str(self.record_dir))
+        html = self.env.get_template(template).render(**context)
+        return HTMLResponse(html, status_code=status)
+
+    @contextmanager
+    def _verified(self) -> Iterator[SQLiteLedger]:
+        ledger = open_verified(self.record_dir)
+        try:
+            yield ledger
+        finally:
+            ledger.close()
+
+    def page(self, template: str, build: Callable[[SQLiteLedger], dict[str, Any]]
+             ) -> Response:
+        """A page read from a freshly verified record: the red banner alone when the record
+        is refused, a 404 page when what is asked for is not in it."""
+        try:
+            with self._verified() as ledger:
+                header = pages.record_header(ledger, self.record_dir)
+                try:
+                    context = build(ledger)
+                except pages.NotFound as exc:
+                    return self.render("not_found.html", 404, header=header,
+                                       message=str(exc))
+        except RecordRefused as exc:
+            return self.render("base.html", REFUSED_STATUS,
+                               refused={"code": exc.code, "message": exc.message})
+        return self.render(template, header=header, **context)
+
+    def download(self, name: str, build: Callable[[SQLiteLedger], bytes],
+                 media_type: str) -> Response:
+        """A file read from a freshly verified record, always as an attachment (never shown
+        in the viewer's origin): plain text 409 for a refused record, 404 for unknown ids."""
+        try:
+            with self._verified() as ledger:
+                data = build(ledger)
+        except RecordRefused as exc:
+            return PlainTextResponse(f"refused: [{exc.code}] {exc.message}\n",
+                                     status_code=REFUSED_STATUS)
+        except pages.NotFound as exc:
+            return PlainTextResponse(f"not found: {exc}\n", status_code=404)
+        except pages.BlobUnavailable as exc:
+            return PlainTextResponse(f"not served: {exc}\n", status_code=REFUSED_STATUS)
+        return Response(data, media_type=media_type, headers={
+            "Content-Disposition": f'attachment; filename="{pages.safe_filename(name)}"'})
+
+    # -- routes
+
+    def sessions(self, request: Request) -> Response:
+        return self.page("sessions.html", lambda led: {"sessions": pages.sessions_page(led)})
+
+    def session(self, request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        return self.page("session.html", lambda led: pages.session_page(led, sid))
+
+    def artifact(self, request: Request) -> Response:
+        aid = request.path_params["artifact_id"]
+
+        def build(ledger: SQLiteLedger) -> dict[str, Any]:
+            page = pages.artifact_page(ledger, self.record_dir, aid)
+            # lineage_svg escapes every label it writes (host_kernel/lineage/svg.py), and the
+            # page's policy runs no inline script even if it did not.
+            page["svg"] = Markup(lineage_svg(page["graph"], title=f"lineage of "
+                                                                  f"{page['filename']}"))
+            return page
+
+        return self.page("artifact.html", build)
+
+    def prov(self, request: Request) -> Response:
+        aid = request.path_params["artifact_id"]
+        return self.download(f"{aid}.prov.json", lambda led: _json_bytes(
+            pages.artifact_prov(led, aid)), "application/json")
+
+    def artifact_bytes(self, request: Request) -> Response:
+        aid = request.path_params["artifact_id"]
+        names: list[str] = []
+
+        def build(ledger: SQLiteLedger) -> bytes:
+            rows = ledger.query("SELECT filename, sha256 FROM artifacts WHERE artifact_id = ?",
+                                (aid,))
+            if not rows:
+                raise pages.NotFound(f"no artifact {aid!r} in this record")
+            names.append(rows[0]["filename"])
+            return pages.artifact_blob(self.record_dir, rows[0]["sha256"])
+
+        response = self.download("artifact", build, "application/octet-stream")
+        if names and response.status_code == 200:
+            response.headers["Content-Disposition"] = (
+                f'attachment; filename="{pages.safe_filename(names[0])}"')
+        return response
+
+    def receipt(self, request: Request) -> Response:
+        rid = request.path_params["receipt_id"]
+        return self.page("receipt.html", lambda led: pages.receipt_page(led, rid))
+
+    def statement(self, request: Request) -> Response:
+        rid = request.path_params["receipt_id"]
+        return self.download(f"{rid}.intoto.json", lambda led: _json_bytes(
+            pages.receipt_json(led, rid)), "application/json")
+
+    def verdict(self, request: Request) -> Response:
+        sid = request.path_params["submission_id"]
+        return self.page("verdict.html", lambda led: {"verdict": pages.verdict_page(led, sid)})
+
+    def static_file(self, request: Request) -> Response:
+        path = self.static.get(request.path_params["name"])
+        if path is None:
+            return PlainTextResponse("not found\n", status_code=404)
+        return Response(path.read_bytes(),
+                        media_type=STATIC_TYPES.get(path.suffix, "application/octet-stream"))
+
+    def not_found(self, request: Request, exc: Exception) -> Response:
+        return PlainTextResponse("not found\n", status_code=404)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def create_app(record_dir: str | Path, token: str) -> ASGIApp:
+    """The viewer of the record folder ``record_dir``, behind its token gate."""
+    viewer = Viewer(Path(record_dir))
+    routes = [
+        Route("/", viewer.sessions, methods=["GET"]),
+        Route("/session/{session_id}", viewer.session, methods=["GET"]),
+        Route("/artifact/{artifact_id}", viewer.artifact, methods=["GET"]),
+        Route("/artifact/{artifact_id}/prov.json", viewer.prov, methods=["GET"]),
+        Route("/artifact/{artifact_id}/bytes", viewer.artifact_bytes, methods=["GET"]),
+        Route("/receipt/{receipt_id}", viewer.receipt, methods=["GET"]),
+        Route("/receipt/{receipt_id}/statement.json", viewer.statement, methods=["GET"]),
+        Route("/verdict/{submission_id}", viewer.verdict, methods=["GET"]),
+        Route("/static/{name}", viewer.static_file, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: viewer.not_found})
+    return TokenGate(app, token)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class ViewerServer:
+    """One record's viewer on 127.0.0.1: bound when made (``port`` 0 picks a free port), so
+    :attr:`url` (with the token) is known before it serves."""
+
+    def __init__(self, record_dir: str | Path, *, port: int = 0,
+                 token: str | None = None) -> None:
+        self.record_dir = Path(record_dir)
+        self.token = token or secrets.token_urlsafe(24)
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.socket.bind(("127.0.0.1", port))
+            self.socket.listen(64)
+        except OSError:
+            self.socket.close()
+            raise
+        self.port: int = self.socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/?token={self.token}"
+        config = uvicorn.Config(create_app(self.record_dir, self.token), lifespan="off",
+                                log_config=None, log_level="warning", access_log=False,
+                                server_header=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until :meth:`stop` (or, in the main thread, Ctrl-C: uvicorn
+        then re-raises the signal, so the caller sees KeyboardInterrupt)."""
+        try:
+            self._server.run(sockets=[self.socket])
+        finally:
+            self.socket.close()
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Serve in a daemon thread; return once it accepts connections."""
+        self._thread = threading.Thread(target=self.serve_forever, name="host-kernel-view",
+                                        daemon=True)
+        self._thread.start()
+        self._thread.join(0)
+        deadline = threading.Event()
+        waited = 0.0
+        while not self._server.started and self._thread.is_alive() and waited < timeout:
+            deadline.wait(0.02)
+            waited += 0.02
+        if not self._server.started:
+            self.stop()
+            raise RuntimeError("the viewer's server did not start")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        self.socket.close()
+
+    def __enter__(self) -> ViewerServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_in_thread(record_dir: str | Path, port: int = 0) -> tuple[str, Callable[[], None]]:
+    """Serve the record folder's viewer in a thread; return its URL (with the token) and a
+    function that stops it."""
+    server = ViewerServer(record_dir, port=port)
+    server.start()
+    return server.url, server.stop

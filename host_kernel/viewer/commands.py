@@ -1,0 +1,94 @@
+"""The ``host-kernel view`` subcommand: serve a record's read-only viewer on loopback.
+
+Owns its arguments, what it prints, when it opens a browser, and how Ctrl-C
+ends it (exit 0, quietly). The viewer itself is :mod:`host_kernel.viewer.app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import webbrowser
+
+from ..cli import EXIT_OK, Command, UsageError, resolve_record
+
+__all__ = ["COMMANDS"]
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError("a port is 0 (any free port) to 65535")
+    return port
+
+
+def _view_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
+                        help="a record folder, or a workspace whose record is found (default: "
+                             "the current directory's record)")
+    parser.add_argument("--port", metavar="N", type=_port, default=0,
+                        help="the port on 127.0.0.1 to serve on (default: a free one)")
+    parser.add_argument("--no-browser", action="store_true",
+                        help="print the URL only; do not open a web browser")
+
+
+def _browser_available() -> bool:
+    """Whether opening a URL would show a graphical browser rather than nothing, or take
+    over this terminal with a text browser."""
+    if os.environ.get("BROWSER"):
+        return True
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY")
+                                                 or os.environ.get("WAYLAND_DISPLAY")):
+        return False
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return False
+    return True
+
+
+def _view_run(args: argparse.Namespace) -> int:
+    from .app import ViewerServer
+
+    record = resolve_record(args.record)
+    try:
+        server = ViewerServer(record, port=args.port)
+    except OSError as exc:
+        raise UsageError(f"cannot listen on 127.0.0.1:{args.port}: "
+                         f"{exc.strerror or exc}") from None
+    out = sys.stdout
+    out.write(f"host-kernel view: serving {record} at {server.url}\n")
+    out.write("host-kernel view: press Ctrl-C to stop it\n")
+    out.flush()
+    if not args.no_browser and _browser_available():
+        try:
+            webbrowser.open(server.url)
+        except webbrowser.Error:
+            pass  # the URL is printed; that is enough
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+VIEW = Command(
+    name="view",
+    help="serve a read-only web viewer of a record on 127.0.0.1",
+    description=(
+        "Serve RECORD (a record folder, or a workspace whose record is found) as web pages on "
+        "127.0.0.1 only: sessions, each session's cells with their outputs, receipts, "
+        "artifacts with their lineage graph and downloads, and verdicts. Every request must "
+        "carry the random token in the printed URL (a cookie after the first visit) and "
+        "re-verifies the record; a record that fails its checks is shown as a red banner "
+        "and nothing else. Only GET and HEAD; the record is never written. Runs until "
+        "Ctrl-C (exit 0). Exit 1 when there is no record, 2 when the port cannot be used."),
+    add_arguments=_view_arguments,
+    run=_view_run,
+)
+
+COMMANDS: list[Command] = [VIEW]
