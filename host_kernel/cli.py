@@ -1,30 +1,37 @@
 """The ``host-kernel`` command line: one registry of subcommands over the Host's Python API.
 
-Owns argument parsing, exit codes and what the commands print. It does no work
-of its own: ``exec`` drives a :class:`~host_kernel.Host` exactly as an agent
-would, one ``Host.execute`` per code cell. It does not own the record, the
-kernel or verification.
+Owns argument parsing, exit codes, the one error style and what the commands
+print. It does no work of its own: ``exec`` drives a :class:`~host_kernel.Host`
+exactly as an agent would, one ``Host.execute`` per code cell; ``ls`` and
+``show`` print what :mod:`host_kernel.browse` reads. It does not own the record,
+the kernel or verification.
 
 Adding a subcommand is one :class:`Command` value appended to :data:`COMMANDS`:
 its name, a one-line help, a function that adds its arguments to a parser, and
-a function that runs it and returns the exit code. A run function signals a
-usage problem (a missing file, a bad flag value) by raising :class:`UsageError`,
-which :func:`main` turns into a message on stderr and exit code 2.
+a function that runs it and returns the exit code. A run function signals the
+caller's mistake (a missing file, a bad flag value, an unknown id) by raising
+:class:`UsageError` (exit 2), and work that could not be done by raising
+:class:`CommandFailed` (exit 1); :func:`main` prints either as one line on
+stderr, ``host-kernel CMD: error: message``.
 
-Exit codes, for every command: 0 success, 1 the work ran and something failed,
-2 usage error, 130 interrupted (Ctrl-C). A record that cannot be found or that
-fails its checks (a :class:`~host_kernel.RecordError`) is exit 1 with one line
-on stderr, ``error: [CODE] message``, never a traceback.
+Exit codes, for every command: 0 success; 1 the work ran and something failed,
+or the record could not be found or fails its checks (a
+:class:`~host_kernel.RecordError`, printed ``host-kernel CMD: error: [CODE]
+message``); 2 usage (argparse's own errors print the subcommand's usage line
+first); 130 interrupted (Ctrl-C); 141 stdout closed early (``| head``), with
+nothing more printed. Never a traceback for any of these.
 
-Commands that read a record find it with :func:`resolve_record`: ``--record``
-(a record folder or a workspace) when given, else the workspace's record (see
-:mod:`host_kernel._paths`); they read it only through
-:func:`~host_kernel.store.verified.open_verified` or, for ``audit``, read-only.
+Commands that read a record find it with :func:`resolve_record`: ``RECORD`` or
+``--record`` (a record folder or a workspace) when given, else the record of
+``--workdir`` or of the current directory (see :mod:`host_kernel._paths`); they
+read it only through :func:`~host_kernel.store.verified.open_verified` or, for
+``audit``, read-only.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +42,9 @@ from typing import Any, TextIO, cast
 from ._paths import LEDGER_NAME
 from ._version import __version__
 
-__all__ = ["COMMANDS", "Command", "UsageError", "build_parser", "main", "resolve_record"]
+__all__ = ["COMMANDS", "Command", "CommandFailed", "UsageError", "add_record_arguments",
+           "all_commands", "build_parser", "main", "record_argument", "resolve_record",
+           "writable_record"]
 
 PROG = "host-kernel"
 
@@ -43,6 +52,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: stdout was closed before everything was printed (``host-kernel ls | head``): 128 + SIGPIPE,
+#: what a program killed by SIGPIPE reports.
+EXIT_BROKEN_PIPE = 141
 
 #: Observation statuses that count as a failed cell.
 FAILED_STATUSES = frozenset({"error", "timeout", "kernel_died"})
@@ -50,6 +62,11 @@ FAILED_STATUSES = frozenset({"error", "timeout", "kernel_died"})
 
 class UsageError(Exception):
     """The command was asked for something it cannot do as given; exit code 2."""
+
+
+class CommandFailed(Exception):
+    """The command ran and could not do its work (the Host could not start, a file could not
+    be written); exit code 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,38 +112,73 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_notebook(path: Path) -> Any:
+    """The notebook at ``path``, read and validated; UsageError ``not a notebook: …`` when it
+    is not one (not JSON, no ``nbformat`` version, a version nbformat cannot read, or a
+    notebook that fails nbformat's schema: a code cell without ``source``, ``cells`` that is
+    not a list)."""
+    import json
+
     import nbformat
 
     if not path.exists():
         raise UsageError(f"no such file: {path}")
     if not path.is_file():
         raise UsageError(f"not a file: {path}")
-    read = cast(Callable[..., Any], nbformat.read)  # nbformat ships no type hints
     try:
-        return read(path, as_version=4)
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"not a notebook: {path} is not UTF-8 text") from None
-    except nbformat.reader.NotJSONError:
-        raise UsageError(f"not a notebook: {path} is not JSON") from None
-    except (nbformat.ValidationError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(f"not a notebook: {path}: {exc}") from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise UsageError(f"not a notebook: {path} is not JSON") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("nbformat"), int):
+        raise UsageError(f"not a notebook: {path} names no nbformat version") from None
+    reads = cast(Callable[..., Any], nbformat.reads)  # nbformat ships no type hints
+    try:
+        nb = reads(text, as_version=4)
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
+                        for p in getattr(exc, "absolute_path", ())).lstrip(".")
+        message = getattr(exc, "message", None) or str(exc).splitlines()[0]
+        raise UsageError(f"not a notebook: {path}: {where + ': ' if where else ''}"
+                         f"{message}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"not a notebook: {path}: {exc}") from None
+    return nb
+
+
+def writable_record(value: str | None) -> Path | None:
+    """A ``--record`` a command will write to: None when not given. A path that exists and
+    is not a folder is refused (RecordRefused ``record_missing``, exit 1) before anything
+    starts."""
+    if value is None:
+        return None
+    from .store.ledger import RecordRefused
+
+    record = Path(value)
+    if record.exists() and not record.is_dir():
+        raise RecordRefused(f"--record {record} is a file, not a record folder",
+                            code="record_missing")
+    for above in record.absolute().parents:
+        if above.exists():
+            if not above.is_dir():
+                raise RecordRefused(f"--record {record} lies inside {above}, which is a file",
+                                    code="record_missing")
+            break
+    return record
 
 
 def _exec_options(args: argparse.Namespace, notebook: Path
-                  ) -> tuple[Path, Path, Path | None, str | None]:
+                  ) -> tuple[Path, Any, Path | None, str | None]:
     from .modes import UnknownModeError, normalise_mode_name
 
     workdir = Path(args.workdir) if args.workdir else notebook.resolve().parent
     if not workdir.is_dir():
         raise UsageError(f"--workdir {workdir} is not a directory")
-    record = Path(args.record) if args.record else None
-    if record is not None and record.exists() and not record.is_dir():
-        from .store.ledger import RecordRefused
-
-        raise RecordRefused(f"--record {record} is a file, not a record folder",
-                            code="record_missing")
     mode: str | None = None
     if args.mode is not None:
         try:
@@ -135,7 +187,9 @@ def _exec_options(args: argparse.Namespace, notebook: Path
             raise UsageError(str(exc)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError("--timeout must be a positive number of seconds")
-    return workdir, notebook, record, mode
+    # Every notebook is read and checked before any runs: a bad one is a usage error at once.
+    nb = _read_notebook(notebook)
+    return workdir, nb, writable_record(args.record), mode
 
 
 def _print(text: str, stream: TextIO | None = None) -> None:
@@ -159,21 +213,25 @@ def _exec_run(args: argparse.Namespace) -> int:
     failed = 0
     roots = sorted({str(workdir.resolve()) for _, workdir, *_ in batch})
     with HostPool(size=1, roots=roots) as pool:
-        for n, (notebook, workdir, nb_path, record, mode) in enumerate(batch, start=1):
+        for n, (notebook, workdir, nb, record, mode) in enumerate(batch, start=1):
             _print(f"### notebook {n}/{len(batch)}: {notebook}")
-            if _exec_one(args, workdir, nb_path, record, mode, pool=pool) != EXIT_OK:
+            try:
+                code = _exec_one(args, workdir, nb, record, mode, pool=pool)
+            except CommandFailed as exc:
+                _print(f"{PROG} exec: error: {exc}", sys.stderr)
+                code = EXIT_FAILED
+            if code != EXIT_OK:
                 failed += 1
     _print(f"### {_plural(len(batch), 'notebook')} run, {failed} failed")
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _exec_one(args: argparse.Namespace, workdir: Path, notebook: Path, record: Path | None,
+def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | None,
               mode: str | None, pool: Any = None) -> int:
-    nb = _read_notebook(notebook)
     cells = [(i, c) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
 
-    from ._errors import HostKernelError
+    from ._errors import HostKernelError, RecordError
     from .host._host import Host
 
     ran = 0
@@ -185,9 +243,13 @@ def _exec_one(args: argparse.Namespace, workdir: Path, notebook: Path, record: P
     t0 = time.monotonic()
     try:
         host.start()
+    except RecordError:
+        raise  # the record folder holds no usable ledger: main prints its code
     except HostKernelError as exc:
-        _print(f"{PROG} exec: the Host could not start: {exc}", sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"the Host could not start: {exc}") from None
+    except OSError as exc:
+        raise CommandFailed(f"the Host could not start: {exc.strerror or exc}: "
+                            f"{exc.filename or ''}".rstrip(": ")) from None
     try:
         for n, (index, cell) in enumerate(cells, start=1):
             obs = host.execute(str(cell.source), timeout=args.timeout)
@@ -201,6 +263,7 @@ def _exec_one(args: argparse.Namespace, workdir: Path, notebook: Path, record: P
                     stopped_at = index
                     break
     finally:
+        # Also on Ctrl-C (the running cell is recorded `interrupted`) and on a closed stdout.
         host.close()
     errors = sum(failures.values())
     detail = ""
@@ -254,7 +317,7 @@ EXEC = Command(
     run=_exec_run,
 )
 
-# ---------------------------------------------------------------------- audit
+# ---------------------------------------------------------------------- finding the record
 
 
 def resolve_record(record: str | None, workdir: str | None = None) -> Path:
@@ -264,11 +327,45 @@ def resolve_record(record: str | None, workdir: str | None = None) -> Path:
     ``workdir`` (default: the current directory), found with
     :func:`host_kernel._paths.find_record`. Raises RecordRefused
     (``record_missing``) when there is none: :func:`main` prints it as
-    ``error: …`` and exits 1.
+    ``host-kernel CMD: error: [record_missing] …`` and exits 1.
     """
     from .store.verified import record_folder
 
     return record_folder(record if record is not None else (workdir or Path.cwd()))
+
+
+def add_record_arguments(parser: argparse.ArgumentParser, *, positional: bool,
+                         workdir: bool = False) -> None:
+    """The record options every reading command takes: ``RECORD`` (when ``positional``)
+    and ``--record DIR``, which mean the same (give one); ``--workdir DIR`` too when
+    ``workdir`` (for commands whose positional argument is an id)."""
+    what = "a record folder, or a workspace whose record is found"
+    default = "the record of --workdir, else of the current directory" if workdir else \
+        "the current directory's record"
+    if positional:
+        parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
+                            help=f"{what} (default: {default})")
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        dest="record_option" if positional else "record",
+                        help=f"{what}; the same as RECORD" if positional else
+                        f"{what} (default: {default})")
+    if workdir:
+        parser.add_argument("--workdir", metavar="DIR", default=None,
+                            help="the workspace whose record is read when --record is not "
+                                 "given (default: the current directory)")
+
+
+def record_argument(args: argparse.Namespace) -> Path:
+    """The record folder named by the arguments :func:`add_record_arguments` added."""
+    record: str | None = getattr(args, "record", None)
+    option: str | None = getattr(args, "record_option", None)
+    if record is not None and option is not None and record != option:
+        raise UsageError(f"two records given ({record} and --record {option}); give one")
+    return resolve_record(record if record is not None else option,
+                          getattr(args, "workdir", None))
+
+
+# ---------------------------------------------------------------------- audit
 
 
 def _expect_head(value: str) -> str:
@@ -279,9 +376,7 @@ def _expect_head(value: str) -> str:
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
-                        help="a record folder, or a workspace whose record is found (default: "
-                             "the current directory's record)")
+    add_record_arguments(parser, positional=True)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--strict", action="store_true",
                         help="treat lineage drift (an input file changed since) as a failure")
@@ -299,7 +394,7 @@ def _audit_run(args: argparse.Namespace) -> int:
 
     from .audit import audit, print_progress
 
-    report = audit(resolve_record(args.record), strict=args.strict,
+    report = audit(record_argument(args), strict=args.strict,
                    expect_head=args.expect_head, reproduce=args.reproduce,
                    progress=print_progress if not args.json else lambda *a: None)
     if args.json:
@@ -310,7 +405,11 @@ def _audit_run(args: argparse.Namespace) -> int:
         if report.head is not None:
             _print(f"head: {report.head}")
         _print(report.summary())
-    return EXIT_OK if report.clean else EXIT_FAILED
+    fatal = [f for f in report.findings if f.fatal]
+    if fatal:  # the findings above say it all; stderr gets the one line every command gives
+        more = f" (and {len(fatal) - 1} more failures)" if len(fatal) > 1 else ""
+        raise CommandFailed(f"[{fatal[0].code}] {fatal[0].where}: {fatal[0].message}{more}")
+    return EXIT_OK
 
 
 AUDIT = Command(
@@ -322,8 +421,8 @@ AUDIT = Command(
         "event's MAC (when record.key can be read), the stored projection against the events, "
         "every blob, every receipt's output digests, lineage drift, and every accepted "
         "submission re-verified (with --reproduce, its tests re-run). One line per finding, "
-        "the chain head, and a summary. Exit 0 "
-        "when clean, 1 when a failure was found or there is no record."),
+        "the chain head, and a summary. Exit 0 when clean, 1 when a failure was found "
+        "(the findings say which) or there is no record."),
     add_arguments=_audit_arguments,
     run=_audit_run,
 )
@@ -332,18 +431,9 @@ AUDIT = Command(
 # ---------------------------------------------------------------------- lineage, receipt
 
 
-def _record_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--record", metavar="DIR", default=None,
-                        help="the record folder, or a workspace (default: the record of "
-                             "--workdir)")
-    parser.add_argument("--workdir", metavar="DIR", default=None,
-                        help="the workspace whose record is read when --record is not given "
-                             "(default: the current directory)")
-
-
 def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact_id", help="the artifact's UUID")
-    _record_arguments(parser)
+    parser.add_argument("artifact_id", metavar="ARTIFACT_ID", help="the artifact's UUID")
+    add_record_arguments(parser, positional=False, workdir=True)
     parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json"),
                         default="text", help="output format (default: text)")
 
@@ -354,7 +444,7 @@ def _lineage_run(args: argparse.Namespace) -> int:
     from ._errors import FileProblem
     from .lineage.graph import record_lineage
 
-    record = resolve_record(args.record, args.workdir)
+    record = record_argument(args)
     try:
         graph = record_lineage(record, args.artifact_id)
     except FileProblem as exc:
@@ -364,6 +454,7 @@ def _lineage_run(args: argparse.Namespace) -> int:
         "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
         "json": lambda: json.dumps(graph.to_dict(), indent=2) + "\n"}
     sys.stdout.write(renderers[args.format]())
+    sys.stdout.flush()
     return EXIT_OK
 
 
@@ -376,8 +467,8 @@ LINEAGE = Command(
 
 
 def _receipt_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("receipt_id", help="the receipt's UUID")
-    _record_arguments(parser)
+    parser.add_argument("receipt_id", metavar="RECEIPT_ID", help="the receipt's UUID")
+    add_record_arguments(parser, positional=False, workdir=True)
 
 
 def _receipt_run(args: argparse.Namespace) -> int:
@@ -386,7 +477,7 @@ def _receipt_run(args: argparse.Namespace) -> int:
     from ._errors import FileProblem
     from .lineage.graph import record_receipt_statement
 
-    record = resolve_record(args.record, args.workdir)
+    record = record_argument(args)
     try:
         statement = record_receipt_statement(record, args.receipt_id)
     except FileProblem as exc:
@@ -403,13 +494,110 @@ RECEIPT = Command(
 )
 
 
+# ---------------------------------------------------------------------- ls, show
+
+
+def _ls_arguments(parser: argparse.ArgumentParser) -> None:
+    add_record_arguments(parser, positional=True)
+    parser.add_argument("--session", metavar="ID", default=None,
+                        help="only this session's rows (a unique prefix of its id will do); "
+                             "without a kind flag, its cells")
+    kind = parser.add_mutually_exclusive_group()
+    for name in ("sessions", "cells", "receipts", "artifacts", "verdicts"):
+        kind.add_argument(f"--{name}", dest="kind", action="store_const", const=name,
+                          help=f"list {name}" + (" (the default without --session)"
+                                                 if name == "sessions" else ""))
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON: {record, kind, session, rows}")
+
+
+def _ls_run(args: argparse.Namespace) -> int:
+    from . import browse
+    from .store.ledger import collector_paused
+    from .store.verified import open_verified
+
+    record = record_argument(args)
+    kind = args.kind or ("cells" if args.session is not None else "sessions")
+    with collector_paused(), open_verified(record) as trusted:
+        try:
+            session = None if args.session is None else browse.session_id(trusted, args.session)
+        except browse.UnknownId as exc:
+            raise UsageError(f"--session: {exc}") from None
+        rows = browse.list_rows(trusted, kind, session)
+    if args.json:
+        browse.print_json({"record": str(record), "kind": kind, "session": session,
+                           "rows": rows})
+    else:
+        browse.print_rows(kind, rows, str(record), session)
+    return EXIT_OK
+
+
+LS = Command(
+    name="ls",
+    help="list a record's sessions, or the cells, receipts, artifacts or verdicts in it",
+    description=(
+        "List what a record holds, read verified (a record that fails its checks is refused, "
+        "exit 1). Without flags: one row per session (started, ended, mode, confinement, "
+        "generations, cells, receipts, artifacts, verdicts). --session ID lists that "
+        "session's cells; --cells, --receipts, --artifacts or --verdicts lists rows of that "
+        "kind, of every session or of --session's. A table on a terminal, plain text when "
+        "piped, JSON with --json."),
+    add_arguments=_ls_arguments,
+    run=_ls_run,
+)
+
+
+def _show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID",
+                        help="a session, cell, receipt, artifact or verdict (submission) id, or "
+                             "a prefix of it that no other id of the record starts with")
+    add_record_arguments(parser, positional=False, workdir=True)
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON: {record, kind, id, item, related}")
+
+
+def _show_run(args: argparse.Namespace) -> int:
+    from . import browse
+    from .store.ledger import collector_paused
+    from .store.verified import open_verified
+
+    record = record_argument(args)
+    with collector_paused(), open_verified(record) as trusted:
+        try:
+            match = browse.find_id(trusted, args.id)
+        except browse.UnknownId as exc:
+            raise UsageError(str(exc)) from None
+        found, related = browse.item(trusted, match)
+    if args.json:
+        browse.print_json({"record": str(record), "kind": match.kind, "id": match.id,
+                           "item": found, "related": related})
+    else:
+        browse.print_item(match, found, related)
+    return EXIT_OK
+
+
+SHOW = Command(
+    name="show",
+    help="show one session, cell, receipt, artifact or verdict of a record, by id or prefix",
+    description=(
+        "Find ID among the record's session, cell, receipt, artifact and verdict ids (a "
+        "unique prefix will do; an ambiguous one lists the candidates, exit 2) and show it, "
+        "read verified: its fields, then what belongs to it (a session's generations, cells, "
+        "receipts, artifacts, verdicts; a cell's code, outputs, receipts, artifacts, writes, "
+        "refusals). JSON with --json."),
+    add_arguments=_show_arguments,
+    run=_show_run,
+)
+
+
 #: Every subcommand, in the order ``--help`` lists them. Commands that live with the
 #: part they drive are added from the modules named in :data:`COMMAND_MODULES`.
-COMMANDS: list[Command] = [EXEC, AUDIT, LINEAGE, RECEIPT]
+COMMANDS: list[Command] = [EXEC, AUDIT, LS, SHOW, LINEAGE, RECEIPT]
 
 #: Modules that each define ``COMMANDS: list[Command]`` (the kernelspec front, the
-#: agent loop, the MCP server); loaded when the parser is built.
-COMMAND_MODULES = ("host_kernel.control.commands", "host_kernel.agent.commands")
+#: agent loop, the MCP server, the record viewer); loaded when the parser is built.
+COMMAND_MODULES = ("host_kernel.control.commands", "host_kernel.agent.commands",
+                   "host_kernel.viewer.commands")
 
 
 def all_commands() -> list[Command]:
@@ -441,37 +629,79 @@ def build_parser(commands: Sequence[Command] | None = None) -> argparse.Argument
         p = sub.add_parser(command.name, help=command.help,
                            description=command.description or command.help)
         command.add_arguments(p)
-        p.set_defaults(_run=command.run)
+        p.set_defaults(_run=command.run, _parser=p)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that arguments a subcommand does not know are
+    reported by that subcommand's parser (its usage line, ``host-kernel CMD: error:``),
+    not by the top-level one, which is where argparse sends them."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub: argparse.ArgumentParser | None = getattr(args, "_parser", None)
+        before_command = (args.command in argv and extras[0] in argv
+                          and argv.index(extras[0]) < argv.index(args.command))
+        (parser if sub is None or before_command else sub).error(
+            f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null once the reader has gone, so that the interpreter's last
+    flush finds nowhere to fail (the recipe of Python's docs, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``host-kernel`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
-    parser = build_parser()
+    command: str | None = None
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or argparse's own usage error
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    run: Callable[[argparse.Namespace], int] | None = getattr(args, "_run", None)
-    if run is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    if reconfigure is not None:  # cell output may hold characters the terminal cannot show
-        reconfigure(errors="backslashreplace")
-    from ._errors import RecordError
+        parser = build_parser()
+        try:
+            args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+        except SystemExit as exc:  # --help, --version, or argparse's own usage error
+            return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        run: Callable[[argparse.Namespace], int] | None = getattr(args, "_run", None)
+        if run is None:
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        command = args.command
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:  # cell output may hold characters the terminal cannot show
+            reconfigure(errors="backslashreplace")
+        return _run(run, args)
+    except KeyboardInterrupt:
+        _print(f"{PROG}{'' if command is None else ' ' + command}: interrupted", sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout closed early: nothing more to say, and no one to say it to
+        _quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _run(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from ._errors import HostKernelError
+
+    def error(message: object) -> None:
+        _print(f"{PROG} {args.command}: error: {message}", sys.stderr)
 
     try:
         return run(args)
     except UsageError as exc:
-        _print(f"{PROG} {args.command}: error: {exc}", sys.stderr)
+        error(exc)
         return EXIT_USAGE
-    except RecordError as exc:  # no record, or one that fails its checks: refuse, no traceback
-        _print(f"error: {exc}", sys.stderr)
+    except CommandFailed as exc:
+        error(exc)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        _print(f"{PROG} {args.command}: interrupted", sys.stderr)
-        return EXIT_INTERRUPTED
+    except HostKernelError as exc:  # a RecordError above all: no record, or one that fails its
+        error(exc)                  # checks. str() is "[CODE] message"; never a traceback.
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,11 @@ with its events. It never writes the record.
 
 Outputs are kept as recorded, cleaned only where nbformat's schema would
 reject them (keys it does not allow, non-text values under a text media type),
-so ``nbformat.validate`` passes on every export.
+so ``nbformat.validate`` passes on every export. A cell that never finished in
+its kernel (status ``interrupted``: the Host's own process was stopped while it
+ran; ``host_died``: the Host died and a later one closed the cell) gets one
+output the record does not hold: an ``error`` output that says so (see
+:data:`UNFINISHED`), so the notebook shows it where the cell's result would be.
 """
 
 from __future__ import annotations
@@ -31,11 +35,22 @@ from ._errors import RecordError
 from .store.ledger import SQLiteLedger, collector_paused
 from .store.verified import open_verified, record_folder
 
-__all__ = ["KERNELSPEC", "export_notebook", "record_folder"]
+__all__ = ["KERNELSPEC", "UNFINISHED", "UnknownSession", "export_notebook", "record_folder"]
 
 #: The kernelspec an exported notebook names: the control kernel (host-kernel install).
 KERNELSPEC = {"name": "host_kernel", "display_name": "Python 3 (host_kernel)",
               "language": "python"}
+
+#: Statuses of a cell that never finished in its kernel, and the ``ename`` of the error
+#: output the export adds to such a cell (its ``evalue`` is the recorded notice).
+UNFINISHED = {"interrupted": "Interrupted", "host_died": "HostDied"}
+
+
+class UnknownSession(RecordError, LookupError):
+    """``session`` names no session of the record, or is a prefix of several ids."""
+
+    code = "session_unknown"
+
 
 # nbformat ships no type hints.
 _new_notebook = cast(Callable[..., Any], nbformat.v4.new_notebook)
@@ -57,9 +72,11 @@ def export_notebook(record_dir: str | Path, session: str | None = None) -> Any:
     """The session (default: the latest started in the record) as an nbformat 4.5 notebook.
 
     ``record_dir`` is a record folder or a workspace
-    (:func:`~host_kernel.store.verified.record_folder`).
-    Raises RecordError when the record cannot be read or holds no such session,
-    and RecordRefused (with its ``code``) when it fails
+    (:func:`~host_kernel.store.verified.record_folder`); ``session`` a session id
+    or a prefix that only one session id starts with.
+    Raises :class:`UnknownSession` (a RecordError) when the record holds no such
+    session, or several start with the prefix, RecordError when the record cannot
+    be read, and RecordRefused (with its ``code``) when it fails
     :func:`~host_kernel.store.verified.open_verified`: a broken chain
     (``chain_broken``), projection tables that disagree with the events
     (``projection_drift``), an empty or truncated ledger.
@@ -113,10 +130,15 @@ def _session_row(ledger: SQLiteLedger, session: str | None) -> Any:
         if not rows:
             raise RecordError("the record holds no session")
         return rows[0]
-    rows = ledger.query("SELECT * FROM sessions WHERE session = ?", (session,))
-    if not rows:
-        raise RecordError(f"the record holds no session {session!r}")
-    return rows[0]
+    from .browse import UnknownId, session_id
+
+    try:
+        sid = session_id(ledger, session)
+    except UnknownId as exc:
+        if exc.candidates:
+            raise UnknownSession(f"--session {exc.message}") from None
+        raise UnknownSession(f"the record holds no session {session!r}") from None
+    return ledger.query("SELECT * FROM sessions WHERE session = ?", (sid,))[0]
 
 
 def _silent_cells(ledger: SQLiteLedger, session: str) -> set[str]:
@@ -175,6 +197,11 @@ def _submissions(ledger: SQLiteLedger, session: str) -> list[dict[str, Any]]:
 def _cell(row: Any, receipts: list[dict[str, Any]], artifacts: list[dict[str, Any]],
           notice: str | None) -> Any:
     outputs = [o for o in (_clean_output(x) for x in json.loads(row["outputs"] or "[]")) if o]
+    ename = UNFINISHED.get(row["status"])
+    if ename is not None:
+        evalue = notice or f"the cell's run ended as {row['status']}"
+        outputs.append({"output_type": "error", "ename": ename, "evalue": evalue,
+                        "traceback": [f"{ename}: {evalue}"]})
     meta: dict[str, Any] = {
         "generation": row["generation"],
         "status": row["status"],

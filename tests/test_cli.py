@@ -15,7 +15,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_raw_
 
 from host_kernel import __version__
 from host_kernel._paths import default_record_dir
-from host_kernel.cli import COMMANDS
+from host_kernel.cli import all_commands
 from host_kernel.store.ledger import SQLiteLedger
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +127,8 @@ def test_exec_record_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> No
     (tmp_path / "record").write_text("not a folder")
     proc = run_cli("exec", nb, "--record", tmp_path / "record", cwd=tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("error: [record_missing]") and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("host-kernel exec: error: [record_missing]")
+    assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
 
 
@@ -144,6 +145,8 @@ def test_the_head_exec_prints_is_what_audit_expects_later(tmp_path: Path) -> Non
     assert proc.returncode == 1
     [finding] = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert finding.startswith("FAIL [head_mismatch]") and "1 events follow it" in finding
+    assert proc.stderr.startswith("host-kernel audit: error: [head_mismatch]")
+    assert proc.stderr.count("\n") == 1
     proc = run_cli("audit", tmp_path, "--expect-head", "abc", cwd=tmp_path)
     assert proc.returncode == 2 and "64 hex digits" in proc.stderr
 
@@ -166,17 +169,26 @@ def test_lineage_and_receipt_find_the_record_and_refuse_a_drifted_one(tmp_path: 
     statement = run_cli("receipt", receipt, cwd=tmp_path)  # the current directory's record
     assert statement.returncode == 0, statement.stderr
     assert '"return-value": 0' in statement.stdout
+    here = run_cli("lineage", artifact, "--format", "json", cwd=tmp_path)
+    assert here.returncode == 0, here.stderr
+    assert json.loads(here.stdout)
+    session = json.loads(run_cli("ls", "--json", cwd=tmp_path).stdout)["rows"][0]["session"]
+    exported = run_cli("export", "--session", session[:8], cwd=tmp_path)  # a prefix will do
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(exported.stdout)["metadata"]["host_kernel"]["session"] == session
 
     db = sqlite3.connect(record / "ledger.sqlite")
     db.execute("UPDATE artifacts SET sha256 = ?", ("f" * 64,))
     db.execute("UPDATE receipts SET exit_status = 1")
     db.commit()
     db.close()
-    for proc in (run_cli("lineage", artifact, "--record", record, cwd=elsewhere),
-                 run_cli("receipt", receipt, "--workdir", tmp_path, cwd=elsewhere)):
+    for name, proc in (("lineage", run_cli("lineage", artifact, "--record", record,
+                                           cwd=elsewhere)),
+                       ("receipt", run_cli("receipt", receipt, "--workdir", tmp_path,
+                                           cwd=elsewhere))):
         assert proc.returncode == 1
         assert proc.stdout == ""  # the drifted values are never shown
-        assert proc.stderr.startswith("error: [projection_drift]")
+        assert proc.stderr.startswith(f"host-kernel {name}: error: [projection_drift]")
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
@@ -186,7 +198,8 @@ def test_reading_commands_without_a_record_say_so_in_one_line(tmp_path: Path) ->
                  ["audit"], ["export"], ["audit", tmp_path / "file"]):
         proc = run_cli(*args, cwd=tmp_path)
         assert proc.returncode == 1, args
-        assert proc.stderr.startswith("error: [record_missing]"), (args, proc.stderr)
+        assert proc.stderr.startswith(f"host-kernel {args[0]}: error: [record_missing]"), \
+            (args, proc.stderr)
         assert proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 
@@ -265,11 +278,11 @@ def test_no_command_prints_help_and_exits_2(tmp_path: Path) -> None:
 def test_top_level_help_lists_every_command(tmp_path: Path) -> None:
     proc = run_cli("--help", cwd=tmp_path)
     assert proc.returncode == 0
-    for command in COMMANDS:
+    for command in all_commands():
         assert command.name in proc.stdout
 
 
-@pytest.mark.parametrize("name", [c.name for c in COMMANDS])
+@pytest.mark.parametrize("name", [c.name for c in all_commands()])
 def test_every_command_has_help(tmp_path: Path, name: str) -> None:
     proc = run_cli(name, "--help", cwd=tmp_path)
     assert proc.returncode == 0
@@ -283,10 +296,10 @@ def test_quickstart_notebook_runs_cleanly_in_an_empty_workdir(tmp_path: Path) ->
     assert (tmp_path / "results" / "summary.json").is_file()
 
 
-def test_quickstart_notebook_is_committed_clean() -> None:
+def test_quickstart_notebook_is_a_valid_v4_5_notebook_with_cell_ids() -> None:
+    # Its saved outputs (the rich displays) are compared by nbval: tests/test_notebooks.py.
     nb = nbformat.read(QUICKSTART, as_version=4)
     nbformat.validate(nb)
     assert (nb.nbformat, nb.nbformat_minor) == (4, 5)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("id") for c in nb.cells)

@@ -206,10 +206,10 @@ def test_cli_export_refuses_a_missing_or_drifted_record_in_one_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: [record_missing]") and err.count("\n") == 1
+    assert err.startswith("host-kernel export: error: [record_missing]") and err.count("\n") == 1
     copy = _copy(recorded[0], tmp_path / "record")
     with sqlite3.connect(copy / "ledger.sqlite") as db:
         db.execute("UPDATE receipts SET exit_status = 9")
     assert main(["export", str(copy)]) == 1
     out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: [projection_drift]") and "receipts " in err
+    assert out == "" and err.startswith("host-kernel export: error: [projection_drift]") and "receipts " in err

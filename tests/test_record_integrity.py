@@ -381,7 +381,7 @@ def test_readers_refuse_drift_and_never_show_the_stored_value(tmp_path: Path) ->
         proc = cli(*args, cwd=tmp_path)
         assert proc.returncode == 1, args
         assert proc.stdout == "" and "forged" not in proc.stderr
-        assert proc.stderr.startswith("error: [projection_drift]")
+        assert proc.stderr.startswith(f"host-kernel {args[0]}: error: [projection_drift]")
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
@@ -394,7 +394,7 @@ def test_readers_refuse_a_broken_chain(tmp_path: Path) -> None:
     conn.close()
     proc = cli("receipt", RECEIPT, "--record", tmp_path, cwd=tmp_path)
     assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.startswith("error: [chain_broken]") and "event 4" in proc.stderr
+    assert proc.stderr.startswith("host-kernel receipt: error: [chain_broken]") and "event 4" in proc.stderr
 
 
 def test_readers_find_a_workspace_record_at_its_default_place(tmp_path: Path) -> None:

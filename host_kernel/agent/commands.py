@@ -1,10 +1,12 @@
 """The agent's subcommands: ``host-kernel run``, ``host-kernel trace`` and ``host-kernel mcp``.
 
 Owns their arguments, what they print and their exit codes (0 success, 1 the
-work ran and did not succeed, 2 usage, 130 Ctrl-C, as for every command). The
-work is done by :func:`host_kernel.agent.loop.run_agent`, the event
-projection (:mod:`host_kernel.agent.projection`) and :mod:`host_kernel.mcp_server`; heavy imports wait until a
-command runs.
+work ran and did not succeed, 2 usage, 130 Ctrl-C, as for every command; errors
+are raised as :class:`~host_kernel.cli.UsageError` or
+:class:`~host_kernel.cli.CommandFailed` and printed by :func:`host_kernel.cli.main`).
+The work is done by :func:`host_kernel.agent.loop.run_agent`, the event
+projection (:mod:`host_kernel.agent.projection`) and :mod:`host_kernel.mcp_server`;
+heavy imports wait until a command runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Command, UsageError
+from ..cli import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Command,
+    CommandFailed,
+    UsageError,
+    writable_record,
+)
 
 __all__ = ["COMMANDS", "MCP", "RUN", "TRACE"]
 
@@ -98,6 +108,7 @@ def _run_run(args: argparse.Namespace) -> int:
 
     workdir = _workdir(args.workdir)
     mode = _mode(args.mode)
+    writable_record(args.record)
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     if args.token_budget is not None and args.token_budget < 1:
@@ -129,8 +140,7 @@ def _run_run(args: argparse.Namespace) -> int:
                 stream=args.stream, max_tokens=args.max_tokens, temperature=args.temperature,
                 cell_timeout=args.cell_timeout, prices=prices)
         except HostKernelError as exc:
-            _err(f"host-kernel run: the Host could not start: {exc}")
-            return EXIT_FAILED
+            raise CommandFailed(f"the Host could not start: {exc}") from None
     out = sys.stdout
     if result.verdict is not None:
         out.write(result.verdict.explain() + "\n")
@@ -164,9 +174,11 @@ RUN = Command(
 
 
 def _trace_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", metavar="RECORD",
-                        help="a record folder, a workspace whose record is found, or an "
-                             "agent-events.ndjson file")
+    what = "a record folder, a workspace whose record is found, or an agent-events.ndjson file"
+    parser.add_argument("record", metavar="RECORD", nargs="?", default=None,
+                        help=f"{what} (default: the current directory's record)")
+    parser.add_argument("--record", metavar="DIR", dest="record_option", default=None,
+                        help=f"{what}; the same as RECORD")
     parser.add_argument("--session", metavar="ID", default=None,
                         help="the session to show (default: the last one in the log)")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
@@ -192,8 +204,15 @@ def _trace_run(args: argparse.Namespace) -> int:
     from .events import sessions_in
     from .projection import replay
 
-    path = _events_file(args.record)
+    if args.record is not None and args.record_option is not None \
+            and args.record != args.record_option:
+        raise UsageError(f"two records given ({args.record} and --record "
+                         f"{args.record_option}); give one")
+    path = _events_file(args.record or args.record_option or str(Path.cwd()))
     sessions = sessions_in(path)
+    if not sessions:
+        raise UsageError(f"{path}: no agent session in it (is it an agent-events.ndjson of "
+                         f"`host-kernel run`?)")
     if args.list:
         for sid in sessions:
             sys.stdout.write(sid + "\n")
@@ -232,6 +251,7 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
 def _mcp_run(args: argparse.Namespace) -> int:
     workdir = _workdir(args.workdir)
     mode = _mode(args.mode)
+    writable_record(args.record)
     from ..mcp_server import serve
 
     return serve(workdir, mode=mode, record_dir=args.record)

@@ -12,7 +12,15 @@ import sys
 from collections.abc import Callable
 from typing import cast
 
-from ..cli import EXIT_FAILED, EXIT_OK, Command, UsageError
+from ..cli import (
+    EXIT_OK,
+    Command,
+    CommandFailed,
+    UsageError,
+    add_record_arguments,
+    record_argument,
+    writable_record,
+)
 
 __all__ = ["COMMANDS"]
 
@@ -51,6 +59,7 @@ def _install_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     prefix = sys.prefix if args.sys_prefix else args.prefix
     name = args.name or KERNEL_NAME
+    writable_record(args.record)  # a file there is refused now, not at the first session
     try:
         path = install(name, user=args.user, prefix=prefix, mode=mode, record=args.record,
                        display_name=args.display_name, network=not args.no_network,
@@ -58,8 +67,7 @@ def _install_run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # jupyter_client's message for a bad kernel name
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        print(f"host-kernel install: cannot write the kernelspec: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        raise CommandFailed(f"cannot write the kernelspec: {exc}") from None
     print(f"installed kernelspec {name} in {path}")
     return EXIT_OK
 
@@ -100,27 +108,29 @@ UNINSTALL = Command(
 
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
-                        help="a record folder, or a workspace whose record is found (default: "
-                             "the current directory's record)")
+    add_record_arguments(parser, positional=True)
     parser.add_argument("-o", "--output", metavar="OUT.ipynb", default=None,
                         help="write the notebook here (default: print it)")
     parser.add_argument("--session", metavar="ID", default=None,
-                        help="the session to export (default: the latest one started)")
+                        help="the session to export, or a prefix only its id starts with "
+                             "(default: the latest one started; `host-kernel ls` lists them)")
 
 
 def _export_run(args: argparse.Namespace) -> int:
     import nbformat
 
-    from ..cli import resolve_record
-    from ..export import export_notebook
+    from ..export import UnknownSession, export_notebook
 
     # A missing record, or one that fails open_verified, raises RecordError: main() prints
-    # "error: [CODE] message" and exits 1.
-    nb = export_notebook(resolve_record(args.record), args.session)
+    # "host-kernel export: error: [CODE] message" and exits 1.
+    try:
+        nb = export_notebook(record_argument(args), args.session)
+    except UnknownSession as exc:
+        raise UsageError(exc.message) from None
     text = cast(Callable[..., str], nbformat.writes)(nb)  # nbformat ships no type hints
     if args.output is None:
         sys.stdout.write(text + "\n")
+        sys.stdout.flush()
         return EXIT_OK
     try:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -139,7 +149,7 @@ EXPORT = Command(
                  "cell metadata holds generation, status, receipts, artifacts and the "
                  "frontend's cell id; notebook metadata the session, mode and submission "
                  "verdicts. Reads the record verified: a broken chain, or stored projections that "
-                 "disagree with the events, is refused (exit 1)."),
+                 "disagree with the events, is refused (exit 1); an unknown --session is exit 2."),
     add_arguments=_export_arguments,
     run=_export_run,
 )

@@ -739,6 +739,10 @@ class Host:
             t0 = time.monotonic()
             try:
                 run = self._run(kernel, code, cell_id, timeout)
+            except BaseException as exc:  # Ctrl-C (or any exit) in the Host's own process
+                self._running = None
+                self._record_interrupted(kernel, cell_id, time.monotonic() - t0, exc)
+                raise
             finally:
                 self._running = None
             duration = time.monotonic() - t0
@@ -792,6 +796,65 @@ class Host:
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
+
+    def _record_interrupted(self, kernel: KernelGeneration, cell_id: str, duration: float,
+                            exc: BaseException) -> None:
+        """Close the record of a cell whose run the Host's own process stopped (a
+        KeyboardInterrupt, a SystemExit): ask the kernel to interrupt it, kill its
+        ``host.bash`` commands, and append its ``cell_finished`` with status
+        ``interrupted`` and no outputs, so the record never keeps a cell ``running``
+        whose Host is alive. Best effort and short; the caller re-raises ``exc``.
+        """
+        try:
+            kernel.interrupt()  # a signal (or interrupt_request); the reply is not awaited
+        except Exception:  # noqa: BLE001 - the kernel may be gone; the record still closes
+            pass
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            why = f"The Host's own process was interrupted ({type(exc).__name__})"
+        else:
+            why = f"The Host failed ({type(exc).__name__}: {exc})"
+        notice = (f"{why} while this cell ran: the Host asked the kernel to interrupt the "
+                  f"cell and did not collect its outputs.")
+        try:
+            notice = _join(self._settle_commands(cell_id), notice)
+        except Exception:  # noqa: BLE001 - killing commands is best effort here
+            pass
+        try:
+            self._append("cell_finished", {
+                "cell_id": cell_id, "status": "interrupted", "execution_count": None,
+                "outputs": [], "duration": duration, "notice": notice})
+        except HostKernelError:
+            pass  # the record refused the append; the interruption is what to report
+        try:
+            self._await_interrupted(kernel)
+        except Exception:  # noqa: BLE001 - the kernel's sockets may be gone
+            pass
+
+    @staticmethod
+    def _await_interrupted(kernel: KernelGeneration, wait: float = 2.0) -> None:
+        """Wait (at most ``wait`` seconds) for the kernel to go idle after an interrupt,
+        and take the interrupted request's reply off the shell socket. ipykernel aborts
+        every request queued before it finishes an interrupted one (``stop_on_error``), so
+        a next cell sent sooner would come back empty."""
+        kc = kernel.client
+        if kc is None:
+            return
+        iopub, shell = kc.iopub_channel.socket, kc.shell_channel.socket
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            if not iopub.poll(int(left * 1000) + 1):
+                return
+            try:
+                _, parts = kc.session.feed_identities(iopub.recv_multipart())
+                header, parent, content = (json.loads(parts[i]) for i in (1, 2, 4))
+            except (ValueError, IndexError):
+                continue
+            if (header.get("msg_type") == "status"
+                    and parent.get("msg_type") == "execute_request"
+                    and content.get("execution_state") == "idle"):
+                break
+        while shell.poll(0):
+            shell.recv_multipart()
 
     def _cell_lineage(self, running: _RunningCell, access: Any) -> dict[str, Any]:
         """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in

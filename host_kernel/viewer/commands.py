@@ -11,7 +11,7 @@ import os
 import sys
 import webbrowser
 
-from ..cli import EXIT_OK, Command, UsageError, resolve_record
+from ..cli import EXIT_OK, Command, UsageError, add_record_arguments, record_argument
 
 __all__ = ["COMMANDS"]
 
@@ -27,9 +27,7 @@ def _port(value: str) -> int:
 
 
 def _view_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("record", nargs="?", default=None, metavar="RECORD",
-                        help="a record folder, or a workspace whose record is found (default: "
-                             "the current directory's record)")
+    add_record_arguments(parser, positional=True)
     parser.add_argument("--port", metavar="N", type=_port, default=0,
                         help="the port on 127.0.0.1 to serve on (default: a free one)")
     parser.add_argument("--no-browser", action="store_true",
@@ -54,7 +52,7 @@ def _browser_available() -> bool:
 def _view_run(args: argparse.Namespace) -> int:
     from .app import ViewerServer
 
-    record = resolve_record(args.record)
+    record = record_argument(args)
     try:
         server = ViewerServer(record, port=args.port)
     except OSError as exc:

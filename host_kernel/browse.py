@@ -1,0 +1,512 @@
+"""What ``host-kernel ls`` and ``host-kernel show`` read from a record, and how they print it.
+
+Owns listing a record's sessions, cells, receipts, artifacts and submission
+verdicts; finding any of their ids by a unique prefix; and the two ways of
+printing them: tables for a person (rich; plain text, no colour, when stdout is
+not a terminal) and JSON with stable keys for a program (docs/cli.md lists
+them). Every function here reads a ledger that
+:func:`~host_kernel.store.verified.open_verified` handed back, the projection
+rebuilt from checked events, so a value shown is one the events produce.
+
+It does not find the record (:func:`host_kernel.cli.resolve_record` does), open
+or check it, or write anything to it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from .store.ledger import Ledger
+
+__all__ = ["ID_KINDS", "LIST_KINDS", "Match", "UnknownId", "find_id", "item", "list_rows",
+           "print_item", "print_rows", "session_id"]
+
+#: What ``ls`` lists, each with the key column its rows are named by.
+LIST_KINDS = {"sessions": "session", "cells": "cell_id", "receipts": "receipt_id",
+              "artifacts": "artifact_id", "verdicts": "submission_id"}
+
+#: The kinds of id ``show`` finds: kind -> (projection table, id column, what ``ls`` calls it).
+ID_KINDS = {
+    "session": ("sessions", "session", "sessions"),
+    "cell": ("cells", "cell_id", "cells"),
+    "receipt": ("receipts", "receipt_id", "receipts"),
+    "artifact": ("artifacts", "artifact_id", "artifacts"),
+    "verdict": ("submissions", "submission_id", "verdicts"),
+}
+
+#: How many candidates an ambiguous prefix names before "and N more".
+MAX_CANDIDATES = 20
+
+
+class UnknownId(LookupError):
+    """No id, or more than one, of the kinds asked for starts with the prefix given.
+
+    ``candidates`` holds ``(kind, id)`` for an ambiguous prefix (all of them, in
+    order); it is empty when nothing matched.
+    """
+
+    def __init__(self, message: str, candidates: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.candidates = tuple(candidates)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """An id found in the record: its kind (``session``, ``cell``, ``receipt``,
+    ``artifact`` or ``verdict``) and the whole id."""
+
+    kind: str
+    id: str
+
+
+# --------------------------------------------------------------------------- finding ids
+
+
+def find_id(ledger: Ledger, prefix: str, kinds: Sequence[str] = tuple(ID_KINDS)) -> Match:
+    """The one id of ``kinds`` that is ``prefix`` or starts with it (case-sensitive).
+
+    An id equal to ``prefix`` wins over longer ids that start with it. Raises
+    :class:`UnknownId` when none matches, or when several do (listing them).
+    """
+    names = " or ".join(kinds) if len(kinds) <= 2 else \
+        ", ".join(kinds[:-1]) + f" or {kinds[-1]}"
+    if not prefix:
+        raise UnknownId(f"an empty string names no {names} id")
+    exact: list[Match] = []
+    found: list[Match] = []
+    for kind in kinds:
+        table, column, _ = ID_KINDS[kind]
+        for row in ledger.query(f"SELECT {column} FROM {table} WHERE substr({column}, 1, ?) = ? "
+                                f"ORDER BY {column}", (len(prefix), prefix)):
+            match = Match(kind, str(row[0]))
+            found.append(match)
+            if match.id == prefix:
+                exact.append(match)
+    if len(exact) == 1:
+        return exact[0]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise UnknownId(f"no {names} id in the record starts with {prefix!r}")
+    shown = "".join(f"\n  {m.kind} {m.id}" for m in found[:MAX_CANDIDATES])
+    more = f"\n  and {len(found) - MAX_CANDIDATES} more" if len(found) > MAX_CANDIDATES else ""
+    raise UnknownId(f"{prefix!r} is ambiguous: {len(found)} ids start with it:{shown}{more}",
+                    [(m.kind, m.id) for m in found])
+
+
+def session_id(ledger: Ledger, prefix: str) -> str:
+    """The whole id of the one session whose id starts with ``prefix`` (UnknownId if none,
+    or several)."""
+    return find_id(ledger, prefix, ("session",)).id
+
+
+# --------------------------------------------------------------------------- rows
+
+
+_SESSIONS = """
+SELECT s.session, s.started, s.ended,
+       json_extract(e.body, '$.reason') AS end_reason, s.front, s.mode, s.armed,
+       json_extract(b.body, '$.confinement.status') AS confinement,
+       json_extract(b.body, '$.confinement.network') AS network,
+       (SELECT count(*) FROM generations g WHERE g.session = s.session) AS generations,
+       (SELECT count(*) FROM cells c WHERE c.session = s.session) AS cells,
+       (SELECT count(*) FROM cells c WHERE c.session = s.session
+            AND c.status = 'running') AS running,
+       (SELECT count(*) FROM receipts r WHERE r.session = s.session) AS receipts,
+       (SELECT count(*) FROM artifacts a WHERE a.session = s.session) AS artifacts,
+       (SELECT count(*) FROM submissions v WHERE v.session = s.session) AS submissions,
+       (SELECT count(*) FROM submissions v WHERE v.session = s.session
+            AND v.accepted) AS accepted
+FROM sessions s
+JOIN events b ON b.session = s.session AND b.kind = 'session_started'
+LEFT JOIN events e ON e.seq = (SELECT max(seq) FROM events x WHERE x.session = s.session
+                               AND x.kind = 'session_ended')
+"""
+
+_CELLS = """
+SELECT c.cell_id, c.session, c.generation, c.status, c.started, c.ended,
+       c.ended - c.started AS duration, c.execution_count,
+       coalesce(json_extract(e.body, '$.silent'), 0) AS silent,
+       (SELECT count(*) FROM receipts r WHERE r.cell_id = c.cell_id
+            AND r.session = c.session) AS receipts,
+       (SELECT count(*) FROM artifacts a WHERE a.cell_id = c.cell_id
+            AND a.session = c.session) AS artifacts,
+       c.code
+FROM cells c JOIN events e ON e.seq = c.seq_started
+"""
+
+_RECEIPTS = """
+SELECT receipt_id, session, cell_id, generation, command, exit_status, ended FROM receipts
+"""
+
+_ARTIFACTS = """
+SELECT artifact_id, session, cell_id, generation, filename, size, sha256, media_type,
+       source_path, ts AS saved FROM artifacts
+"""
+
+_VERDICTS = """
+SELECT v.submission_id, v.session, v.cell_id, v.accepted, v.body, e.ts AS decided
+FROM submissions v JOIN events e ON e.seq = v.seq
+"""
+
+_ORDER = {"sessions": "ORDER BY b.seq", "cells": "ORDER BY c.seq_started",
+          "receipts": "ORDER BY seq", "artifacts": "ORDER BY seq", "verdicts": "ORDER BY v.seq"}
+_SQL = {"sessions": _SESSIONS, "cells": _CELLS, "receipts": _RECEIPTS, "artifacts": _ARTIFACTS,
+        "verdicts": _VERDICTS}
+_SESSION_COLUMN = {"sessions": "s.session", "cells": "c.session", "receipts": "session",
+                   "artifacts": "session", "verdicts": "v.session"}
+
+
+def _first_line(code: str | None) -> str:
+    for line in (code or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _row(kind: str, raw: Any) -> dict[str, Any]:
+    row = dict(raw)
+    if kind == "sessions":
+        row["armed"] = bool(row["armed"])
+        row["network"] = None if row["network"] is None else bool(row["network"])
+    elif kind == "cells":
+        row["silent"] = bool(row["silent"])
+        row["first_line"] = _first_line(row.pop("code"))
+    elif kind == "verdicts":
+        body = json.loads(row.pop("body"))
+        verdict = body.get("verdict") or {}
+        checks = verdict.get("checks") or []
+        row["accepted"] = bool(row["accepted"])
+        decided = row.pop("decided")
+        row.update({
+            "mode": verdict.get("mode"), "armed": verdict.get("armed"),
+            "failed": [c.get("code") for c in checks if not c.get("ok")
+                       and not c.get("advisory")],
+            "advice": [c.get("code") for c in checks if not c.get("ok") and c.get("advisory")],
+            "decided": decided})
+    return row
+
+
+def list_rows(ledger: Ledger, kind: str, session: str | None = None,
+              where: str = "", params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """The rows of one kind (a key of :data:`LIST_KINDS`), in record order; only those of
+    ``session`` (a whole id) when given. Keys as docs/cli.md lists them."""
+    clauses = [where] if where else []
+    args = list(params)
+    if session is not None:
+        clauses.append(f"{_SESSION_COLUMN[kind]} = ?")
+        args.append(session)
+    sql = _SQL[kind] + (" WHERE " + " AND ".join(clauses) if clauses else "") + " " + _ORDER[kind]
+    return [_row(kind, r) for r in ledger.query(sql, args)]
+
+
+# --------------------------------------------------------------------------- one item
+
+
+def _event_body(ledger: Ledger, sql: str, params: Sequence[Any]) -> dict[str, Any]:
+    rows = ledger.query(sql, params)
+    if not rows or rows[0][0] is None:
+        return {}
+    body = json.loads(rows[0][0])
+    return body if isinstance(body, dict) else {}
+
+
+def item(ledger: Ledger, match: Match) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """What ``show`` prints for ``match``: the item (its ``ls`` row and the details only
+    ``show`` gives) and the related rows, by kind of row."""
+    if match.kind == "session":
+        return _session_item(ledger, match.id)
+    if match.kind == "cell":
+        return _cell_item(ledger, match.id)
+    if match.kind == "receipt":
+        [row] = list_rows(ledger, "receipts", where="receipt_id = ?", params=(match.id,))
+        body = _event_body(ledger, "SELECT body FROM receipts WHERE receipt_id = ?", (match.id,))
+        return {**row, "receipt": body}, {}
+    if match.kind == "artifact":
+        [row] = list_rows(ledger, "artifacts", where="artifact_id = ?", params=(match.id,))
+        lineage = ledger.query("SELECT lineage FROM artifacts WHERE artifact_id = ?",
+                               (match.id,))[0][0]
+        loads = [dict(r) for r in ledger.query(
+            "SELECT l.session, l.cell_id, l.path, e.ts FROM loads l JOIN events e "
+            "ON e.seq = l.seq WHERE l.artifact_id = ? ORDER BY l.seq", (match.id,))]
+        return {**row, "lineage": None if lineage is None else json.loads(lineage)}, \
+            {"loads": loads}
+    [row] = list_rows(ledger, "verdicts", where="v.submission_id = ?", params=(match.id,))
+    body = _event_body(ledger, "SELECT body FROM submissions WHERE submission_id = ?",
+                       (match.id,))
+    verdict = body.get("verdict") or {}
+    return {**row, "checks": verdict.get("checks") or [],
+            "reproduction": verdict.get("reproduction") or [],
+            "submission": body.get("submission") or {}}, {}
+
+
+def _session_item(ledger: Ledger, sid: str
+                  ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    [row] = list_rows(ledger, "sessions", sid)
+    started = _event_body(ledger, "SELECT body FROM events WHERE session = ? AND "
+                                  "kind = 'session_started'", (sid,))
+    meta = ledger.query("SELECT workdir, request, host_version FROM sessions WHERE session = ?",
+                        (sid,))[0]
+    details = {"workdir": meta["workdir"], "request": meta["request"],
+               "host_version": meta["host_version"], "pid": started.get("pid"),
+               "host": started.get("host"),
+               "confinement_detail": started.get("confinement")}
+    generations = [dict(r) for r in ledger.query(
+        "SELECT generation, started, reason FROM generations WHERE session = ? "
+        "ORDER BY generation", (sid,))]
+    return {**row, **details}, {
+        "generations": generations,
+        "cells": list_rows(ledger, "cells", sid),
+        "receipts": list_rows(ledger, "receipts", sid),
+        "artifacts": list_rows(ledger, "artifacts", sid),
+        "verdicts": list_rows(ledger, "verdicts", sid),
+    }
+
+
+def _cell_item(ledger: Ledger, cell_id: str
+               ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    [row] = list_rows(ledger, "cells", where="c.cell_id = ?", params=(cell_id,))
+    stored = ledger.query("SELECT code, outputs, frontend_cell_id, seq_finished FROM cells "
+                          "WHERE cell_id = ?", (cell_id,))[0]
+    finished = _event_body(ledger, "SELECT body FROM events WHERE seq = ?",
+                           (stored["seq_finished"],))
+    outputs = json.loads(stored["outputs"] or "[]")
+    sid = row["session"]
+    on_cell = "cell_id = ? AND session = ?"
+    return {**row, "code": stored["code"], "outputs": outputs,
+            "notice": finished.get("notice"),
+            "frontend_cell_id": stored["frontend_cell_id"]}, {
+        "receipts": list_rows(ledger, "receipts", where=on_cell, params=(cell_id, sid)),
+        "artifacts": list_rows(ledger, "artifacts", where=on_cell, params=(cell_id, sid)),
+        "writes": [dict(r) for r in ledger.query(
+            f"SELECT path, op, sha256, size, ts FROM writes WHERE {on_cell} ORDER BY seq",
+            (cell_id, sid))],
+        "refusals": [dict(r) for r in ledger.query(
+            f"SELECT call, code, reason FROM refusals WHERE {on_cell} ORDER BY seq",
+            (cell_id, sid))],
+        "verdicts": list_rows(ledger, "verdicts", where="v.cell_id = ? AND v.session = ?",
+                              params=(cell_id, sid)),
+    }
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    stream = out or sys.stdout
+    stream.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    stream.flush()
+
+
+#: Which columns each kind's table shows, and their headers (JSON has every key).
+_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "sessions": (("session", "session"), ("started", "started"), ("ended", "ended"),
+                 ("mode", "mode"), ("confinement", "confinement"),
+                 ("generations", "gens"), ("cells", "cells"), ("receipts", "receipts"),
+                 ("artifacts", "artifacts"), ("submissions", "verdicts")),
+    "cells": (("cell_id", "cell"), ("session", "session"), ("generation", "gen"),
+              ("status", "status"), ("started", "started"), ("duration", "seconds"),
+              ("receipts", "receipts"), ("artifacts", "artifacts"), ("first_line", "code")),
+    "receipts": (("receipt_id", "receipt"), ("cell_id", "cell"), ("generation", "gen"),
+                 ("exit_status", "exit"), ("ended", "ended"), ("command", "command")),
+    "artifacts": (("artifact_id", "artifact"), ("cell_id", "cell"), ("filename", "filename"),
+                  ("size", "bytes"), ("sha256", "sha256"), ("saved", "saved")),
+    "verdicts": (("submission_id", "verdict"), ("cell_id", "cell"), ("accepted", "accepted"),
+                 ("mode", "mode"), ("failed", "failed checks"), ("decided", "decided")),
+    "generations": (("generation", "gen"), ("started", "started"), ("reason", "reason")),
+    "writes": (("path", "path"), ("op", "op"), ("size", "bytes"), ("sha256", "sha256")),
+    "refusals": (("call", "call"), ("code", "code"), ("reason", "reason")),
+    "loads": (("session", "session"), ("cell_id", "cell"), ("path", "path"), ("ts", "loaded")),
+}
+
+_TIME_KEYS = frozenset({"started", "ended", "saved", "decided", "ts"})
+_SHORT_KEYS = frozenset({"sha256"})
+_LONG = 60
+
+# Control characters a record's text may hold; shown escaped, never sent to the terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _safe(text: str) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _when(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cell_text(key: str, value: Any, row: dict[str, Any], *, full: bool = False) -> str:
+    """How one value reads in a table (``full``: in show's list of fields, nothing cut)."""
+    if key in _TIME_KEYS:
+        if key == "ended" and "end_reason" in row:
+            if value is None:
+                return "open"
+            return _when(value) + (f" ({row['end_reason']})" if row["end_reason"] else "")
+        return _when(value)
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key == "duration" and isinstance(value, (int, float)):
+        return f"{value:.3f}"
+    if key == "confinement":
+        return str(value) + (", no network" if row.get("network") is False else "")
+    if key == "mode" and "armed" in row:
+        return f"{value} (armed)" if row["armed"] else str(value)
+    if key == "submissions" and "accepted" in row:
+        return f"{value} ({row['accepted']} accepted)" if value else "0"
+    if isinstance(value, list):
+        return ", ".join(_safe(str(v)) for v in value) or "-"
+    text = _safe(str(value))
+    if full:
+        return text
+    if key in _SHORT_KEYS:
+        return text[:12] + "…"
+    return text if len(text) <= _LONG else text[:_LONG - 1] + "…"
+
+
+class _Printer:
+    """Renders with rich, then writes the text with each line's trailing blanks cut (rich
+    pads every cell to its column's width), so piped output has no ragged tails."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        from rich.console import Console
+
+        self.out = out or sys.stdout
+        terminal = self.out.isatty()
+        # Piped, a table is as wide as it needs: a row stays one line for grep and cut.
+        self.console = Console(file=self.out, highlight=False, markup=False, emoji=False,
+                               width=None if terminal else 1000, soft_wrap=not terminal)
+        self.parts: list[Any] = []
+
+    def __call__(self, renderable: Any) -> None:
+        self.parts.append(renderable)
+
+    def flush(self) -> None:
+        with self.console.capture() as captured:
+            for part in self.parts:
+                self.console.print(part)
+        text = "\n".join(line.rstrip() for line in captured.get().splitlines())
+        self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _table(kind: str, rows: Sequence[dict[str, Any]], title: str | None = None) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False)
+    for _, header in _COLUMNS[kind]:
+        table.add_column(header, no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text(_cell_text(key, row.get(key), row)) for key, _ in _COLUMNS[kind]))
+    return table
+
+
+def print_rows(kind: str, rows: Sequence[dict[str, Any]], record: str,
+               session: str | None = None, out: TextIO | None = None) -> None:
+    """``ls`` for a person: one table, or a line saying there is nothing to list."""
+    printer = _Printer(out)
+    where = f"session {session}" if session else "the record"
+    if not rows:
+        printer(f"no {kind} in {where} ({record})")
+    else:
+        printer(_table(kind, rows))
+        printer(f"{len(rows)} {kind if len(rows) != 1 else kind[:-1]} in {where} ({record})")
+    printer.flush()
+
+
+def _pairs(item: dict[str, Any], keys: Sequence[str]) -> Any:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE, show_header=False, pad_edge=False, show_edge=False)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key in keys:
+        if key in item:
+            table.add_row(Text(key), Text(_cell_text(key, item[key], item, full=True)))
+    return table
+
+
+_ITEM_KEYS = {
+    "session": ("session", "started", "ended", "end_reason", "front", "mode", "confinement",
+                "workdir", "request", "host_version", "host", "pid", "generations", "cells",
+                "running", "receipts", "artifacts", "submissions"),
+    "cell": ("cell_id", "session", "generation", "status", "started", "ended", "duration",
+             "execution_count", "frontend_cell_id", "silent", "notice"),
+    "receipt": ("receipt_id", "session", "cell_id", "generation", "command", "exit_status",
+                "ended"),
+    "artifact": ("artifact_id", "session", "cell_id", "generation", "filename", "size",
+                 "sha256", "media_type", "source_path", "saved"),
+    "verdict": ("submission_id", "session", "cell_id", "accepted", "mode", "armed", "failed",
+                "advice", "decided"),
+}
+
+_RECEIPT_KEYS = ("cwd", "executable", "executable_sha256", "signal", "timed_out", "started",
+                 "duration", "stdout_sha256", "stdout_size", "stderr_sha256", "stderr_size",
+                 "changes_found_by")
+
+
+def print_item(match: Match, found: dict[str, Any], related: dict[str, list[dict[str, Any]]],
+               out: TextIO | None = None) -> None:
+    """``show`` for a person: the item's fields, then what belongs to it."""
+    from rich.text import Text
+
+    printer = _Printer(out)
+    printer(Text(f"{match.kind} {match.id}", style="bold"))
+    if match.kind != "receipt":
+        printer(_pairs(found, _ITEM_KEYS[match.kind]))
+    if match.kind == "cell":
+        printer(Text("code", style="bold"))
+        printer(Text(_safe(found.get("code") or "")))
+        from .host._render import render_outputs, strip_ansi
+
+        text = strip_ansi(render_outputs(found.get("outputs") or []))
+        if text.strip():
+            printer(Text("outputs", style="bold"))
+            printer(Text(_safe(text.rstrip("\n"))))
+    elif match.kind == "receipt":
+        receipt = found.get("receipt") or {}
+        printer(_pairs({**receipt, **found}, _ITEM_KEYS["receipt"] + _RECEIPT_KEYS))
+        changes = receipt.get("changes") or []
+        if changes:
+            printer(Text("changes", style="bold"))
+            for change in changes:
+                printer(Text(_safe(f"  {change.get('change')} {change.get('path')}")))
+        for stream in ("stdout_tail", "stderr_tail"):
+            if receipt.get(stream):
+                printer(Text(stream, style="bold"))
+                printer(Text(_safe(str(receipt[stream]).rstrip("\n"))))
+    elif match.kind == "artifact":
+        inputs = (found.get("lineage") or {}).get("inputs") or []
+        if inputs:
+            printer(Text("lineage inputs", style="bold"))
+            for inp in inputs:
+                source = inp.get("path") or inp.get("artifact_id") or inp.get("key")
+                printer(Text(_safe(f"  {source}  {inp.get('method') or ''}")))
+    elif match.kind == "verdict":
+        printer(Text("checks", style="bold"))
+        for check in found.get("checks") or []:
+            mark = "ok" if check.get("ok") else ("advice" if check.get("advisory") else "FAIL")
+            printer(Text(_safe(f"  {mark:6} {check.get('code')}: "
+                                     f"{check.get('message') or ''}")))
+    for kind, rows in related.items():
+        if rows:
+            printer(_table(kind, rows, title=f"{kind} ({len(rows)})"))
+    printer.flush()
