@@ -3,6 +3,7 @@ on loopback and read by plain HTTP and by a real headless Chromium."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from host_kernel import Host
 from host_kernel.cli import main
 from host_kernel.lineage.graph import record_lineage, record_receipt_statement
 from host_kernel.store.verified import open_verified
-from host_kernel.viewer import ViewerServer, serve_in_thread
+from host_kernel.viewer import ViewerServer, pages, serve_in_thread
 from host_kernel.viewer.pages import choose_output, strip_ansi
 
 # A 40 x 20 PNG, left half red, right half blue, built in the kernel from bytes.
@@ -372,6 +373,25 @@ def test_an_altered_blob_is_named_and_not_served(record: dict[str, Any], tmp_pat
         assert f"/artifact/{record['artifact']}/bytes" not in page.text
         response = client.get(f"/artifact/{record['artifact']}/bytes")
         assert response.status_code == 409 and response.text.startswith("not served:")
+
+
+def test_a_blob_larger_than_memory_holds_is_served_whole_from_the_copy_it_checked(
+        tmp_path: Path) -> None:
+    data = os.urandom(pages.BLOB_IN_MEMORY + 3 * pages.BLOB_CHUNK + 17)
+    sha = hashlib.sha256(data).hexdigest()
+    blob = tmp_path / "blobs" / "sha256" / sha[:2] / sha
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(data)
+    pages.check_blob(tmp_path, sha)
+    copy = pages.artifact_blob(tmp_path, sha)
+    # The copy was taken in the pass that hashed it: replacing the blob now changes nothing.
+    blob.write_bytes(b"swapped")
+    with copy:
+        assert copy.read() == data
+    with pytest.raises(pages.BlobUnavailable, match="blob store was altered"):
+        pages.artifact_blob(tmp_path, sha)
+    with pytest.raises(pages.BlobUnavailable, match="not a sha256"):
+        pages.check_blob(tmp_path, "../" + sha[3:])
 
 
 def test_the_command_prints_its_url_serves_and_stops_quietly_on_ctrl_c(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import parse_qs
 
 import uvicorn
@@ -31,7 +31,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -174,7 +174,7 @@ class Viewer:
                                refused={"code": exc.code, "message": exc.message})
         return self.render(template, header=header, **context)
 
-    def download(self, name: str, build: Callable[[SQLiteLedger], bytes],
+    def download(self, name: str, build: Callable[[SQLiteLedger], bytes | BinaryIO],
                  media_type: str) -> Response:
         """A file read from a freshly verified record, always as an attachment (never shown
         in the viewer's origin): plain text 409 for a refused record, 404 for unknown ids."""
@@ -188,8 +188,10 @@ class Viewer:
             return PlainTextResponse(f"not found: {exc}\n", status_code=404)
         except pages.BlobUnavailable as exc:
             return PlainTextResponse(f"not served: {exc}\n", status_code=REFUSED_STATUS)
-        return Response(data, media_type=media_type, headers={
-            "Content-Disposition": f'attachment; filename="{pages.safe_filename(name)}"'})
+        headers = {"Content-Disposition": f'attachment; filename="{pages.safe_filename(name)}"'}
+        if isinstance(data, bytes):
+            return Response(data, media_type=media_type, headers=headers)
+        return StreamingResponse(_chunks(data), media_type=media_type, headers=headers)
 
     # -- routes
 
@@ -222,7 +224,7 @@ class Viewer:
         aid = request.path_params["artifact_id"]
         names: list[str] = []
 
-        def build(ledger: SQLiteLedger) -> bytes:
+        def build(ledger: SQLiteLedger) -> BinaryIO:
             rows = ledger.query("SELECT filename, sha256 FROM artifacts WHERE artifact_id = ?",
                                 (aid,))
             if not rows:
@@ -258,6 +260,15 @@ class Viewer:
 
     def not_found(self, request: Request, exc: Exception) -> Response:
         return PlainTextResponse("not found\n", status_code=404)
+
+
+def _chunks(file: BinaryIO) -> Iterator[bytes]:
+    """The file's bytes in chunks, closing it at the end (or when the client goes away)."""
+    try:
+        while chunk := file.read(pages.BLOB_CHUNK):
+            yield chunk
+    finally:
+        file.close()
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -23,10 +23,12 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from .._errors import FileProblem, HostCallError
 from ..lineage.graph import Lineage, build_lineage, receipt_statement
@@ -39,6 +41,7 @@ __all__ = [
     "artifact_blob",
     "artifact_page",
     "artifact_prov",
+    "check_blob",
     "choose_output",
     "record_header",
     "receipt_json",
@@ -400,27 +403,57 @@ def artifact_prov(ledger: Ledger, artifact_id: str) -> dict[str, Any]:
     return _lineage(ledger, artifact_id).to_prov()
 
 
-def artifact_blob(record_dir: Path, sha256: str) -> bytes:
-    """The artifact's bytes from the record's blob store, only if they hash to ``sha256``.
+#: Bytes read from a blob at a time, and kept in memory before a download spills to disk.
+BLOB_CHUNK = 1 << 20
+BLOB_IN_MEMORY = 16 << 20
+
+
+def _read_blob(record_dir: Path, sha256: str, sink: Callable[[bytes], object] | None) -> None:
+    """Read the blob named ``sha256`` in chunks, handing each to ``sink``, and raise
+    BlobUnavailable unless the bytes hash to ``sha256``. Memory stays at one chunk.
 
     Reads without creating anything (the store's own constructor makes its folders) and
-    never follows a symlink or blocks on a FIFO. Raises BlobUnavailable saying why.
+    never follows a symlink or blocks on a FIFO.
     """
     if not _SHA256.fullmatch(sha256):
         raise BlobUnavailable("the recorded sha256 is not a sha256 digest")
     path = record_dir / "blobs" / "sha256" / sha256[:2] / sha256
+    digest = hashlib.sha256()
     try:
         with open_regular(path) as f:
-            data = f.read()
+            while chunk := f.read(BLOB_CHUNK):
+                digest.update(chunk)
+                if sink is not None:
+                    sink(chunk)
     except FileNotFoundError:
         raise BlobUnavailable("its bytes are not in the record's blob store") from None
     except (OSError, HostCallError) as exc:
         raise BlobUnavailable(f"its bytes cannot be read ({exc})") from None
-    actual = hashlib.sha256(data).hexdigest()
+    actual = digest.hexdigest()
     if actual != sha256:
         raise BlobUnavailable(f"the stored bytes hash to {actual[:12]}…, not to the recorded "
                               f"sha256: the blob store was altered; they are not served")
-    return data
+
+
+def check_blob(record_dir: Path, sha256: str) -> None:
+    """Raise BlobUnavailable unless the artifact's stored bytes hash to ``sha256``."""
+    _read_blob(record_dir, sha256, None)
+
+
+def artifact_blob(record_dir: Path, sha256: str) -> BinaryIO:
+    """The artifact's bytes from the record's blob store, only if they hash to ``sha256``:
+    a file positioned at its start, in memory up to :data:`BLOB_IN_MEMORY` and spilled to a
+    temporary file past it (the caller closes it). What is served is this copy, taken in
+    the same pass that hashed it, so a blob swapped after the check is never served.
+    Raises BlobUnavailable saying why not."""
+    copy = tempfile.SpooledTemporaryFile(max_size=BLOB_IN_MEMORY)
+    try:
+        _read_blob(record_dir, sha256, copy.write)
+    except BaseException:
+        copy.close()
+        raise
+    copy.seek(0)
+    return cast(BinaryIO, copy)
 
 
 def artifact_page(ledger: Ledger, record_dir: Path, artifact_id: str) -> dict[str, Any]:
@@ -438,7 +471,7 @@ def artifact_page(ledger: Ledger, record_dir: Path, artifact_id: str) -> dict[st
         receipts.setdefault(r["receipt_id"], f"$ {r['command']}")
     blob_problem: str | None = None
     try:
-        artifact_blob(record_dir, a["sha256"])
+        check_blob(record_dir, a["sha256"])
     except BlobUnavailable as exc:
         blob_problem = str(exc)
     loads = [{"cell": r["cell_id"], "path": r["path"], "session": r["session"]}
