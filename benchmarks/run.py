@@ -894,6 +894,7 @@ def _register_fronts() -> None:
     from benchmarks.session import LONG_BASELINE, LONG_OURS, bench_long_session
     from benchmarks.session import TARGET as LONG_TARGET
     from benchmarks.tracing import TRACING
+    from benchmarks.viewer import VIEWER
 
     benchmark("control_start", target=1.3, ours=START_OURS,
               baseline=BASELINE)(bench_control_start)
@@ -903,7 +904,7 @@ def _register_fronts() -> None:
               baseline=BASELINE)(bench_control_restart)
     for name, target, ours, baseline, run in POOL:
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
-    for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE):
+    for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE, *VIEWER):
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     benchmark("long_session", target=LONG_TARGET, ours=LONG_OURS,
               baseline=LONG_BASELINE)(bench_long_session)
