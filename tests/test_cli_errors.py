@@ -29,6 +29,7 @@ from nbformat.v4 import new_code_cell, new_notebook
 from host_kernel import Host
 from host_kernel.cli import all_commands, main
 from host_kernel.export import export_notebook
+from host_kernel.store.verified import open_verified
 
 #: Every kind of bad input each command must answer.
 INPUTS = ("unknown_flag", "missing_argument", "record_is_file", "garbage_ledger", "no_record",
@@ -411,7 +412,8 @@ def _sleeping(record: Path) -> bool:
 def test_ctrl_c_during_exec_records_the_cell_interrupted_and_exits_130(workspace: Path) -> None:
     nb = workspace / "nb.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print('before')"),
-                                       new_code_cell("import time; time.sleep(60)"),
+                                       new_code_cell("import time\nprint('partial', "
+                                                     "flush=True)\ntime.sleep(60)"),
                                        new_code_cell("print('never run')")]), nb)
     record = workspace.parent / "record"
     proc = cli_process("exec", nb, "--record", record, cwd=workspace, stdout=subprocess.PIPE,
@@ -437,8 +439,12 @@ def test_ctrl_c_during_exec_records_the_cell_interrupted_and_exits_130(workspace
     cell = export_notebook(record).cells[1]
     assert cell.metadata["host_kernel"]["status"] == "interrupted"
     assert "interrupted" in cell.metadata["host_kernel"]["notice"]
-    [marker] = cell.outputs
-    assert marker["output_type"] == "error" and marker["ename"] == "Interrupted"
+    # What the cell printed before Ctrl-C is kept, then the kernel's KeyboardInterrupt,
+    # then the export's marker.
+    kinds = [(o["output_type"], o.get("name") or o.get("ename")) for o in cell.outputs]
+    assert kinds == [("stream", "stdout"), ("error", "KeyboardInterrupt"),
+                     ("error", "Interrupted")], kinds
+    assert cell.outputs[0]["text"] == "partial\n"
 
 
 def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
@@ -448,15 +454,42 @@ def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
         timer.start()
         try:
             with pytest.raises(KeyboardInterrupt):
-                host.execute("import time\ntime.sleep(30)")
+                host.execute("import time\nprint('so far', flush=True)\ntime.sleep(30)")
         finally:
             timer.cancel()
         after = host.execute("print('still here')", timeout=30)
         assert after.status == "ok" and "still here" in after.text
         record = host.record_dir
-    statuses = [c["status"] for c in record_cells(record)]
-    assert statuses == ["interrupted", "ok"]
+    cells = record_cells(record)
+    assert [c["status"] for c in cells] == ["interrupted", "ok"]
+    with open_verified(record) as ledger:
+        outputs = json.loads(ledger.query("SELECT outputs FROM cells WHERE cell_id = ?",
+                                          (cells[0]["cell_id"],))[0]["outputs"])
+    assert outputs[0]["text"] == "so far\n"
+    assert outputs[-1]["ename"] == "KeyboardInterrupt"
     assert cli("audit", record, cwd=workspace).returncode == 0
+
+
+def test_a_cell_that_ignores_the_interrupt_after_ctrl_c_costs_its_kernel(
+        workspace: Path) -> None:
+    with Host(workspace) as host:
+        timer = threading.Timer(1.0, _thread.interrupt_main)
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                host.execute("import signal, time\n"
+                             "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
+                             "time.sleep(60)")
+        finally:
+            timer.cancel()
+        after = host.execute("print('fresh kernel')", timeout=30)
+        assert after.status == "ok" and after.generation == 2
+        record = host.record_dir
+    with open_verified(record) as ledger:
+        [stuck] = ledger.query("SELECT status FROM cells ORDER BY seq_started LIMIT 1")
+        reasons = [r["reason"] for r in ledger.query(
+            "SELECT reason FROM generations ORDER BY generation")]
+    assert stuck["status"] == "interrupted" and reasons == ["start", "interrupted"]
 
 
 def _unreadable(kind: str, folder: Path) -> None:

@@ -757,6 +757,16 @@ class Host:
                                        f"every variable, import and object in memory is gone. "
                                        f"What survives: workspace files, saved artifacts and "
                                        f"the record.")
+            elif run.status == "interrupted":
+                notice = _join(notice, "The Host's own process was interrupted (Ctrl-C) while "
+                                       "this cell ran; the Host interrupted the cell and kept "
+                                       "what it had printed.")
+                if run.stuck:
+                    old = kernel.generation
+                    self._start_generation("interrupted")
+                    notice = _join(notice, f"The cell did not stop, so the Host restarted the "
+                                           f"kernel: generation {old} → {self.generation}; "
+                                           f"in-memory state is gone.")
             elif run.status == "timeout":
                 if run.stuck:
                     old = kernel.generation
@@ -782,6 +792,8 @@ class Host:
                 body["access"] = run.access
             body.update(lineage_body)
             self._append("cell_finished", body)
+            if run.host_interrupted:
+                raise KeyboardInterrupt  # recorded; the caller's Ctrl-C goes on from here
             if not self._confinement_told:
                 self._confinement_told = True
                 told = None if self.confinement is None else self.confinement.notice()
@@ -950,35 +962,48 @@ class Host:
         interrupted_at: float | None = None
         last_alive_check = now
         while True:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and interrupted_at is None:
-                run.status = "timeout"
+            try:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and interrupted_at is None:
+                    run.status = "timeout"
+                    kernel.interrupt()
+                    interrupted_at = now
+                if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
+                    run.stuck = True
+                    break
+                if now - last_alive_check >= LIVENESS_POLL:
+                    last_alive_check = now
+                    if not kernel.is_alive():
+                        run.status = "kernel_died"
+                        break
+                wait = LIVENESS_POLL
+                if deadline is not None and interrupted_at is None:
+                    wait = max(0.0, min(wait, deadline - now))
+                if not iopub.poll(int(wait * 1000) + 1):
+                    continue
+                reply = run.receive(iopub)
+                if reply is None:
+                    continue
+                mtype = reply["msg_type"]
+                if mtype == "status":
+                    if reply["content"].get("execution_state") == "idle":
+                        break
+                elif mtype == "execute_input":
+                    run.execution_count = reply["content"].get("execution_count")
+                elif mtype in _Outputs.KINDS:
+                    collector.add(reply)
+            except KeyboardInterrupt:
+                # Ctrl-C in the Host's own process: interrupt the cell as a timeout would,
+                # keep collecting its outputs until the kernel is idle (at most
+                # INTERRUPT_GRACE), and let execute() record it, then raise again. A second
+                # Ctrl-C stops waiting for the kernel.
+                if run.host_interrupted:
+                    run.stuck = True
+                    break
+                run.host_interrupted = True
+                run.status = "interrupted"
                 kernel.interrupt()
-                interrupted_at = now
-            if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
-                run.stuck = True
-                break
-            if now - last_alive_check >= LIVENESS_POLL:
-                last_alive_check = now
-                if not kernel.is_alive():
-                    run.status = "kernel_died"
-                    break
-            wait = LIVENESS_POLL
-            if deadline is not None and interrupted_at is None:
-                wait = max(0.0, min(wait, deadline - now))
-            if not iopub.poll(int(wait * 1000) + 1):
-                continue
-            reply = run.receive(iopub)
-            if reply is None:
-                continue
-            mtype = reply["msg_type"]
-            if mtype == "status":
-                if reply["content"].get("execution_state") == "idle":
-                    break
-            elif mtype == "execute_input":
-                run.execution_count = reply["content"].get("execution_count")
-            elif mtype in _Outputs.KINDS:
-                collector.add(reply)
+                interrupted_at = time.monotonic()
         run.outputs = collector.final
         run.dropped_chars = collector.dropped
         if run.status != "kernel_died" and any(o["output_type"] == "error" for o in run.outputs):
@@ -1362,6 +1387,8 @@ class _Run:
     def __init__(self, session: Any, msg_id: str) -> None:
         self.status: Status = "ok"
         self.stuck = False
+        #: Ctrl-C reached the Host while the cell ran: recorded, then raised again.
+        self.host_interrupted = False
         self.execution_count: int | None = None
         self.outputs: list[dict[str, Any]] = []
         self.dropped_chars = 0
