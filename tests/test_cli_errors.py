@@ -447,16 +447,21 @@ def test_ctrl_c_during_exec_records_the_cell_interrupted_and_exits_130(workspace
     assert cell.outputs[0]["text"] == "partial\n"
 
 
+def ctrl_c_during(host: Host, code: str) -> None:
+    """Run ``code`` and press Ctrl-C (SIGINT's KeyboardInterrupt in this thread) 1 s in."""
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.execute(code)
+    finally:
+        timer.cancel()
+
+
 def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
         workspace: Path) -> None:
     with Host(workspace) as host:
-        timer = threading.Timer(1.0, _thread.interrupt_main)
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                host.execute("import time\nprint('so far', flush=True)\ntime.sleep(30)")
-        finally:
-            timer.cancel()
+        ctrl_c_during(host, "import time\nprint('so far', flush=True)\ntime.sleep(30)")
         after = host.execute("print('still here')", timeout=30)
         assert after.status == "ok" and "still here" in after.text
         record = host.record_dir
@@ -473,15 +478,9 @@ def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
 def test_a_cell_that_ignores_the_interrupt_after_ctrl_c_costs_its_kernel(
         workspace: Path) -> None:
     with Host(workspace) as host:
-        timer = threading.Timer(1.0, _thread.interrupt_main)
-        timer.start()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                host.execute("import signal, time\n"
-                             "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
-                             "time.sleep(60)")
-        finally:
-            timer.cancel()
+        ctrl_c_during(host, "import signal, time\n"
+                            "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
+                            "time.sleep(60)")
         after = host.execute("print('fresh kernel')", timeout=30)
         assert after.status == "ok" and after.generation == 2
         record = host.record_dir
