@@ -19,8 +19,8 @@ its content, so an MCP client (and the model behind it) can tell failure from
 success without parsing prose: a cell that ended other than ``ok`` (an error, a
 timeout, a kernel death, an interruption), a ``host.*`` call the Host refused
 (it raises in the cell, so the cell ends ``error``), and a submission the Host
-refused. Whether a submission was accepted is read from the Host's record (the
-``submissions`` row of that cell), never from what the cell printed. A command
+refused. Whether a submission was accepted is the Host's own word
+(:meth:`Host.verdicts_of` the cell), never what the cell printed. A command
 that ran and exited non-zero is not an error of the tool: its receipt, with the
 exit status, is the answer.
 
@@ -124,14 +124,9 @@ def build_server(host: Host, worker: HostThread, *,
         return worker.call(lambda: host.execute(code, timeout=timeout))
 
     def accepted(cell_id: str) -> bool:
-        """Whether the Host's record holds an accepted submission made in ``cell_id``."""
-        def read() -> bool:
-            if host.ledger is None:
-                return False
-            rows = host.ledger.query("SELECT accepted FROM submissions WHERE cell_id = ? "
-                                     "AND session = ?", (cell_id, host.session_id))
-            return bool(rows) and all(bool(r["accepted"]) for r in rows)
-        return bool(worker.call(read))
+        """Whether the Host accepted a submission made in ``cell_id``, by its own word."""
+        verdicts = worker.call(lambda: host.verdicts_of(cell_id))
+        return bool(verdicts) and all(v.accepted for v in verdicts)
 
     def execute_cell(code: str, timeout: float | None = None) -> str:
         """Run Python code as one notebook cell; returns the Observation text (output,
@@ -181,7 +176,7 @@ def build_server(host: Host, worker: HostThread, *,
         payload = json.dumps({k: v for k, v in fields.items() if v is not None})
         code = f"print(host.submit_output(**__import__('json').loads({payload!r})).explain())"
         obs = run_cell(code)
-        # Accepted only if the Host's record says so; what the cell printed decides nothing.
+        # Accepted only if the Host says so; what the cell printed decides nothing.
         return _answer(str(obs.text),
                        obs.status != "ok" or not accepted(obs.cell_id))
 
@@ -290,7 +285,9 @@ def serve(workdir: str | os.PathLike[str], *, mode: str | None = None,
         stderr.flush()
         build_server(host, worker, lifespan=lifespan).run("stdio")
     except KeyboardInterrupt:
-        pass
+        # Ctrl-C or SIGTERM: the cell a tool is running (on the Host thread) is interrupted
+        # as a notebook's button would, so it ends and is recorded before the Host closes.
+        worker.interrupt_kernel(host.kernel_pid)
     finally:
         try:
             worker.submit(host.close).result(timeout=30)

@@ -395,34 +395,23 @@ def test_reading_commands_into_a_closed_pipe_end_quietly(workspace: Path,
     assert err == ""
 
 
-def _sleeping(record: Path) -> bool:
-    """Whether the record holds the sleeping cell as running (its start is committed before
-    the Host sends it)."""
-    try:
-        db = sqlite3.connect(f"file:{record / 'ledger.sqlite'}?mode=ro", uri=True)
-        try:
-            return bool(db.execute("SELECT count(*) FROM cells WHERE status = 'running' "
-                                   "AND code LIKE '%sleep(60)%'").fetchone()[0])
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return False
-
-
 def test_ctrl_c_during_exec_records_the_cell_interrupted_and_exits_130(workspace: Path) -> None:
     nb = workspace / "nb.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print('before')"),
                                        new_code_cell("import time\nprint('partial', "
-                                                     "flush=True)\ntime.sleep(60)"),
+                                                     "flush=True)\nopen('ready', 'w').close()"
+                                                     "\ntime.sleep(60)"),
                                        new_code_cell("print('never run')")]), nb)
     record = workspace.parent / "record"
     proc = cli_process("exec", nb, "--record", record, cwd=workspace, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while not _sleeping(record):
+        # The cell itself says it runs (a SIGINT before its code starts would be caught
+        # by ipykernel's loop, and the cell would sleep on).
+        while not (workspace / "ready").exists():
             assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -448,20 +437,33 @@ def test_ctrl_c_during_exec_records_the_cell_interrupted_and_exits_130(workspace
 
 
 def ctrl_c_during(host: Host, code: str) -> None:
-    """Run ``code`` and press Ctrl-C (SIGINT's KeyboardInterrupt in this thread) 1 s in."""
-    timer = threading.Timer(1.0, _thread.interrupt_main)
-    timer.start()
+    """Run ``code``, which creates the file ``ready`` in the workspace once it runs, and press
+    Ctrl-C (SIGINT's KeyboardInterrupt in this thread) when that file appears."""
+    ready, done = host.workdir / "ready", threading.Event()
+
+    def press() -> None:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and not done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not done.is_set():
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press)
+    presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             host.execute(code)
     finally:
-        timer.cancel()
+        done.set()
+        presser.join()
+        ready.unlink(missing_ok=True)
 
 
 def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
         workspace: Path) -> None:
     with Host(workspace) as host:
-        ctrl_c_during(host, "import time\nprint('so far', flush=True)\ntime.sleep(30)")
+        ctrl_c_during(host, "import time\nprint('so far', flush=True)\n"
+                            "open('ready', 'w').close()\ntime.sleep(30)")
         after = host.execute("print('still here')", timeout=30)
         assert after.status == "ok" and "still here" in after.text
         record = host.record_dir
@@ -480,7 +482,7 @@ def test_a_cell_that_ignores_the_interrupt_after_ctrl_c_costs_its_kernel(
     with Host(workspace) as host:
         ctrl_c_during(host, "import signal, time\n"
                             "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])\n"
-                            "time.sleep(60)")
+                            "open('ready', 'w').close()\ntime.sleep(60)")
         after = host.execute("print('fresh kernel')", timeout=30)
         assert after.status == "ok" and after.generation == 2
         record = host.record_dir

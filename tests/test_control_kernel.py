@@ -333,11 +333,15 @@ def test_an_ipywidgets_comm_round_trips_through_the_relay(kernel: RelayKernel) -
 
 def test_an_interrupt_from_the_client_stops_a_sleeping_cell_promptly(
         kernel: RelayKernel) -> None:
-    msg_id = kernel.kc.execute("import time\ntime.sleep(60)")
+    msg_id = kernel.kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
     kernel.sent.append("sleep")
-    while True:  # wait until the kernel is running it
-        msg = kernel.kc.get_iopub_msg(timeout=10)
-        if msg["msg_type"] == "execute_input" and msg["parent_header"]["msg_id"] == msg_id:
+    # Wait until the cell's own code runs: an interrupt that lands between execute_input
+    # and the code is caught by ipykernel's loop ("KeyboardInterrupt caught in kernel")
+    # and the cell then sleeps on.
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=30)
+        if (msg["msg_type"] == "stream" and msg["parent_header"]["msg_id"] == msg_id
+                and "sleeping" in msg["content"]["text"]):
             break
     t0 = time.monotonic()
     kernel.km.interrupt_kernel()

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,47 @@ def test_the_command_prints_its_url_serves_and_stops_quietly_on_ctrl_c(
             proc.communicate()
     assert proc.returncode == 0, err
     assert err == "" and out == ""
+
+
+def test_the_browser_is_given_a_private_page_not_the_url_with_its_token(
+        record: dict[str, Any], tmp_path: Path) -> None:
+    # A command line is readable by every local user: the token must not be on one.
+    seen = tmp_path / "browser-argv.txt"
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\n"
+                       f"{{ printf '%s\\n' \"$@\"; stat -c %a \"${{1#file://}}\"; "
+                       f"cat \"${{1#file://}}\"; }} > {seen}.part && mv {seen}.part {seen}\n")
+    browser.chmod(0o755)
+    proc = subprocess.Popen([sys.executable, "-m", "host_kernel", "view", str(record["dir"])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "BROWSER": str(browser)}, start_new_session=True)
+    try:
+        first = proc.stdout.readline() if proc.stdout else ""
+        token = first.rsplit("token=", 1)[-1].strip()
+        deadline = time.monotonic() + 30
+        while not seen.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        argv, mode, page = seen.read_text().split("\n", 2)
+        assert argv.startswith("file://") and token not in argv
+        assert mode == "600" and f"token={token}" in page
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    assert not Path(argv[len("file://"):]).exists()  # removed when the viewer stopped
+
+
+def test_a_download_name_in_any_script_is_sent_as_rfc_5987(
+        record: dict[str, Any]) -> None:
+    header = pages.content_disposition("数据 \"x\".csv")
+    assert header.encode("latin-1")  # a header value HTTP can carry
+    assert header.startswith('attachment; filename="') and '"x"' not in header
+    assert "filename*=UTF-8''" + "%E6%95%B0%E6%8D%AE" in header
+    assert pages.content_disposition("summary.txt") == 'attachment; filename="summary.txt"'
 
 
 def test_the_command_refuses_a_folder_with_no_record(tmp_path: Path,

@@ -223,6 +223,10 @@ class Host:
         #: Generations an earlier process of this session ran (a resumed relay session).
         self._prior_generations = 0
         self._running: _RunningCell | None = None
+        self._verdicts: dict[str, list[Verdict]] = {}
+        #: Set when a cell ignored the interrupt after Ctrl-C: the generation is restarted,
+        #: with this reason, before the next cell.
+        self._restart_due: str | None = None
         self._old_tokens: set[str] = set()
         self._pending_access: dict[str, Any] = {}
         #: host.bash processes still running, per cell, with an event set once recorded.
@@ -687,7 +691,12 @@ class Host:
         if self._foreign is not None:
             raise self._foreign
         try:
-            event = self.ledger.append(self.session_id, kind, body)
+            try:
+                event = self.ledger.append(self.session_id, kind, body)
+            except UnicodeEncodeError:
+                # A lone surrogate (a kernel can send one, escaped, in any JSON it sends)
+                # cannot be hashed as UTF-8: keep the event, with U+FFFD in its place.
+                event = self.ledger.append(self.session_id, kind, _scrubbed(body))
         except ForeignEventError as exc:
             self._foreign = RecordError(
                 f"the ledger's tail is not what this Host last wrote, and no holder of the "
@@ -729,6 +738,9 @@ class Host:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise BadArguments("timeout must be a positive number of seconds or None")
         with self._exec_lock:
+            if self._restart_due is not None:  # a cell ignored Ctrl-C's interrupt
+                reason, self._restart_due = self._restart_due, None
+                self._start_generation(reason)
             kernel = self._kernel
             assert kernel is not None
             cell_id = mint_cell_id()
@@ -737,61 +749,35 @@ class Host:
             running = self._running = _RunningCell.now(cell_id, kernel.generation,
                                                        kernel.token, code)
             t0 = time.monotonic()
+            run: _Run | None = None
+            finished = False
             try:
-                run = self._run(kernel, code, cell_id, timeout)
-            except BaseException as exc:  # Ctrl-C (or any exit) in the Host's own process
-                self._running = None
-                self._record_interrupted(kernel, cell_id, time.monotonic() - t0, exc)
+                try:
+                    run = self._run(kernel, code, cell_id, timeout)
+                finally:
+                    self._running = None
+                duration = time.monotonic() - t0
+                notice = self._settle_commands(cell_id)
+                # Before any restart below, which forgets every name in memory.
+                lineage_body = self._cell_lineage(running, run.access)
+                notice = self._after_run(kernel, run, notice, timeout)
+                outputs = [self.redactor.deep(o) for o in run.outputs]
+                body: dict[str, Any] = {
+                    "cell_id": cell_id, "status": run.status,
+                    "execution_count": run.execution_count,
+                    "outputs": outputs, "duration": duration, "notice": notice,
+                }
+                if run.dropped_chars:
+                    body["dropped_chars"] = run.dropped_chars
+                if run.access is not None:
+                    body["access"] = run.access
+                body.update(lineage_body)
+                self._append("cell_finished", body)
+                finished = True
+            except BaseException as exc:  # Ctrl-C, or a failure of the Host's own
+                if not finished:           # never leave the cell `running` in the record
+                    self._record_unfinished(kernel, cell_id, time.monotonic() - t0, exc, run)
                 raise
-            finally:
-                self._running = None
-            duration = time.monotonic() - t0
-            notice = self._settle_commands(cell_id)
-            # Before any restart below, which forgets every name in memory.
-            lineage_body = self._cell_lineage(running, run.access)
-            if run.status == "kernel_died":
-                old = kernel.generation
-                self._start_generation("kernel_died")
-                notice = _join(notice, f"The kernel died while running this cell (generation "
-                                       f"{old}). The Host started generation {self.generation}: "
-                                       f"every variable, import and object in memory is gone. "
-                                       f"What survives: workspace files, saved artifacts and "
-                                       f"the record.")
-            elif run.status == "interrupted":
-                notice = _join(notice, "The Host's own process was interrupted (Ctrl-C) while "
-                                       "this cell ran; the Host interrupted the cell and kept "
-                                       "what it had printed.")
-                if run.stuck:
-                    old = kernel.generation
-                    self._start_generation("interrupted")
-                    notice = _join(notice, f"The cell did not stop, so the Host restarted the "
-                                           f"kernel: generation {old} → {self.generation}; "
-                                           f"in-memory state is gone.")
-            elif run.status == "timeout":
-                if run.stuck:
-                    old = kernel.generation
-                    self._start_generation("timeout")
-                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout and "
-                                           f"did not stop within {INTERRUPT_GRACE:g} s of an "
-                                           f"interrupt, so the Host restarted the kernel: "
-                                           f"generation {old} → {self.generation}; in-memory "
-                                           f"state is gone. Workspace files, artifacts and the "
-                                           f"record survive.")
-                else:
-                    notice = _join(notice, f"The cell ran past its {timeout:g} s timeout; the Host "
-                              f"interrupted it (KeyboardInterrupt). The kernel and its state "
-                              f"are still there (generation {kernel.generation}).")
-            outputs = [self.redactor.deep(o) for o in run.outputs]
-            body: dict[str, Any] = {
-                "cell_id": cell_id, "status": run.status, "execution_count": run.execution_count,
-                "outputs": outputs, "duration": duration, "notice": notice,
-            }
-            if run.dropped_chars:
-                body["dropped_chars"] = run.dropped_chars
-            if run.access is not None:
-                body["access"] = run.access
-            body.update(lineage_body)
-            self._append("cell_finished", body)
             if run.host_interrupted:
                 raise KeyboardInterrupt  # recorded; the caller's Ctrl-C goes on from here
             if not self._confinement_told:
@@ -809,38 +795,97 @@ class Host:
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
 
-    def _record_interrupted(self, kernel: KernelGeneration, cell_id: str, duration: float,
-                            exc: BaseException) -> None:
-        """Close the record of a cell whose run the Host's own process stopped (a
-        KeyboardInterrupt, a SystemExit): ask the kernel to interrupt it, kill its
-        ``host.bash`` commands, and append its ``cell_finished`` with status
-        ``interrupted`` and no outputs, so the record never keeps a cell ``running``
-        whose Host is alive. Best effort and short; the caller re-raises ``exc``.
+    def _after_run(self, kernel: KernelGeneration, run: _Run, notice: str | None,
+                   timeout: float | None) -> str | None:
+        """What a cell's end does to the kernel (a restart after a death or a stuck cell),
+        and the notice that says so."""
+        if run.status == "kernel_died":
+            old = kernel.generation
+            self._start_generation("kernel_died")
+            return _join(notice, f"The kernel died while running this cell (generation "
+                                 f"{old}). The Host started generation {self.generation}: "
+                                 f"every variable, import and object in memory is gone. "
+                                 f"What survives: workspace files, saved artifacts and "
+                                 f"the record.")
+        if run.status == "interrupted":
+            notice = _join(notice, "The Host's own process was interrupted (Ctrl-C) while "
+                                   "this cell ran; the Host interrupted the cell and kept "
+                                   "what it had printed.")
+            if run.stuck:
+                # Restarted before the next cell, not now: a Ctrl-C is no time to start a
+                # kernel, and the cell is recorded first.
+                self._restart_due = "interrupted"
+                notice = _join(notice, f"The cell did not stop within {INTERRUPT_GRACE:g} s, "
+                                       f"so the Host will restart the kernel before the next "
+                                       f"cell (generation {kernel.generation + 1}); in-memory "
+                                       f"state will be gone.")
+            return notice
+        if run.status == "timeout":
+            if run.stuck:
+                old = kernel.generation
+                self._start_generation("timeout")
+                return _join(notice, f"The cell ran past its {timeout:g} s timeout and "
+                                     f"did not stop within {INTERRUPT_GRACE:g} s of an "
+                                     f"interrupt, so the Host restarted the kernel: "
+                                     f"generation {old} → {self.generation}; in-memory "
+                                     f"state is gone. Workspace files, artifacts and the "
+                                     f"record survive.")
+            return _join(notice, f"The cell ran past its {timeout:g} s timeout; the Host "
+                                 f"interrupted it (KeyboardInterrupt). The kernel and its state "
+                                 f"are still there (generation {kernel.generation}).")
+        return notice
+
+    def _record_unfinished(self, kernel: KernelGeneration, cell_id: str, duration: float,
+                           exc: BaseException, run: _Run | None) -> None:
+        """Close the record of a cell whose ``execute`` was stopped before its
+        ``cell_finished`` (a KeyboardInterrupt or SystemExit outside the cell loop, or a
+        failure of the Host's own), so the record never keeps a cell ``running`` whose
+        Host is alive. Best effort and short; the caller re-raises ``exc``.
+
+        When the kernel's run had not ended (``run`` is None), the Host interrupts it and
+        waits briefly for it; the cell is ``interrupted`` with no outputs. When it had,
+        the cell keeps its outputs and, unless the Host's process was interrupted, its
+        own status. Its ``host.bash`` commands are killed either way.
         """
-        try:
-            kernel.interrupt()  # a signal (or interrupt_request); the reply is not awaited
-        except Exception:  # noqa: BLE001 - the kernel may be gone; the record still closes
-            pass
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            why = f"The Host's own process was interrupted ({type(exc).__name__})"
-        else:
-            why = f"The Host failed ({type(exc).__name__}: {exc})"
+        stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        if run is None:
+            try:
+                kernel.interrupt()  # a signal (or interrupt_request); the reply is awaited below
+            except Exception:  # noqa: BLE001 - the kernel may be gone; the record still closes
+                pass
+        why = (f"The Host's own process was interrupted ({type(exc).__name__})" if stopped
+               else f"The Host failed ({type(exc).__name__}: {exc})")
         notice = (f"{why} while this cell ran: the Host asked the kernel to interrupt the "
-                  f"cell and did not collect its outputs.")
+                  f"cell and did not collect its outputs." if run is None else
+                  f"{why} while it recorded this cell's end.")
         try:
             notice = _join(self._settle_commands(cell_id), notice)
         except Exception:  # noqa: BLE001 - killing commands is best effort here
             pass
-        try:
-            self._append("cell_finished", {
-                "cell_id": cell_id, "status": "interrupted", "execution_count": None,
-                "outputs": [], "duration": duration, "notice": notice})
-        except HostKernelError:
-            pass  # the record refused the append; the interruption is what to report
-        try:
-            self._await_interrupted(kernel)
-        except Exception:  # noqa: BLE001 - the kernel's sockets may be gone
-            pass
+        status = "interrupted" if run is None or stopped else run.status
+        outputs: list[dict[str, Any]] = []
+        if run is not None:
+            try:
+                outputs = [self.redactor.deep(o) for o in run.outputs]
+            except Exception:  # noqa: BLE001 - the outputs are what made it fail
+                outputs = []
+        body = {"cell_id": cell_id, "status": status,
+                "execution_count": None if run is None else run.execution_count,
+                "outputs": outputs, "duration": duration, "notice": notice}
+        for attempt in (body, {**body, "outputs": [], "notice": _join(
+                notice, "Its outputs could not be recorded.")}):
+            try:
+                self._append("cell_finished", attempt)
+                break
+            except HostKernelError:
+                break  # the record refuses appends (foreign events): nothing more to try
+            except Exception:  # noqa: BLE001 - e.g. an output the ledger cannot take
+                continue
+        if run is None:
+            try:
+                self._await_interrupted(kernel)
+            except Exception:  # noqa: BLE001 - the kernel's sockets may be gone
+                pass
 
     @staticmethod
     def _await_interrupted(kernel: KernelGeneration, wait: float = 2.0) -> None:
@@ -1151,7 +1196,18 @@ class Host:
             "accepted": verdict.accepted, "verdict": verdict.to_dict(),
             "submission": self.redactor.deep(submission.to_dict()), "seen": seen,
         })
+        if submitting_cell is not None:
+            self._verdicts.setdefault(submitting_cell, []).append(verdict)
         return verdict
+
+    def verdicts_of(self, cell_id: str) -> tuple[Verdict, ...]:
+        """The verdicts this Host gave to submissions made in ``cell_id``, in order.
+
+        Held in the Host's memory as it recorded them, so a front that must say
+        whether a cell's submission was accepted (the MCP server) asks the Host,
+        not the cell's output nor a table on disk.
+        """
+        return tuple(self._verdicts.get(cell_id, ()))
 
     def _trusted_projection(self) -> SQLiteLedger:
         """Projections rebuilt from events whose chain and hashes this Host vouches for."""
@@ -1370,6 +1426,34 @@ def _llm_key_file(llm: Any) -> list[str]:
     return [path] if isinstance(path, str) and path else []
 
 
+def _bundle_of(data: Any) -> dict[str, Any] | None:
+    """A mime bundle as nbformat holds one, or None when ``data`` is not a mapping: each
+    value a string (a list of strings joined), JSON kept only under a ``json`` media
+    type; entries of any other shape are left out (a kernel can send anything)."""
+    if not isinstance(data, dict):
+        return None
+    bundle: dict[str, Any] = {}
+    for mime, value in data.items():
+        if not isinstance(mime, str):
+            continue
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = "".join(value)
+        if isinstance(value, str) or mime.split(";")[0].endswith("json"):
+            bundle[mime] = value
+    return bundle
+
+
+def _scrubbed(value: Any) -> Any:
+    """``value`` with every string made encodable as UTF-8 (lone surrogates become U+FFFD)."""
+    if isinstance(value, str):  # a paired surrogate is one character again, a lone one U+FFFD
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, dict):
+        return {_scrubbed(k): _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
 def _join(first: str | None, second: str) -> str:
     return second if first is None else f"{first} {second}"
 
@@ -1468,11 +1552,16 @@ class _Outputs:
             display_id = (content.get("transient") or {}).get("display_id")
             if display_id is None:
                 return
+            data = _bundle_of(content.get("data"))
+            metadata = content.get("metadata")
+            if data is None:
+                return  # not a mime bundle (the kernel is not trusted): not kept
             self._seal()
             for i, shown in enumerate(self._display_ids):
                 if shown == display_id:
-                    self.outputs[i] = {**self.outputs[i], "data": content.get("data", {}),
-                                       "metadata": content.get("metadata", {})}
+                    self.outputs[i] = {**self.outputs[i], "data": data,
+                                       "metadata": metadata if isinstance(metadata, dict)
+                                       else {}}
             return
         if self._clear_pending:
             self._clear()
@@ -1505,6 +1594,11 @@ class _Outputs:
             out = dict(nbformat.v4.output_from_msg(msg))
         except (KeyError, TypeError, ValueError, nbformat.ValidationError):
             return  # not an output nbformat can hold (the kernel is not trusted): not kept
+        if "data" in out:
+            data = _bundle_of(out["data"])
+            if data is None:
+                return
+            out["data"] = data
         self._seal()
         self.outputs.append(out)
         display_id = (content.get("transient") or {}).get("display_id")

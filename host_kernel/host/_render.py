@@ -45,8 +45,10 @@ def _size(value: Any) -> int:
 def _bundle(data: Mapping[str, Any]) -> list[str]:
     parts: list[str] = []
     text = data.get("text/plain")
-    if isinstance(text, list):
-        text = "".join(text)
+    if isinstance(text, list):  # records are read back too, and may hold any JSON
+        text = "".join(map(str, text))
+    elif text is not None and not isinstance(text, str):
+        text = str(text)
     if text is not None:
         parts.append(text)
     # One line names every other representation (a rich display carries several).
@@ -64,13 +66,16 @@ def render_outputs(outputs: Iterable[Mapping[str, Any]]) -> str:
     for out in outputs:
         otype = out.get("output_type")
         if otype == "stream":
-            pieces.append(strip_ansi(out.get("text", "")))
+            pieces.append(strip_ansi(str(out.get("text", ""))))
         elif otype in ("execute_result", "display_data"):
             prefix = f"Out[{out['execution_count']}]: " if out.get("execution_count") else ""
-            body = "\n".join(_bundle(out.get("data", {})))
+            data = out.get("data")
+            body = "\n".join(_bundle(data if isinstance(data, Mapping) else {}))
             pieces.append(prefix + body + "\n")
         elif otype == "error":
-            tb = "\n".join(strip_ansi(line) for line in out.get("traceback", []))
+            lines = out.get("traceback")
+            tb = "\n".join(strip_ansi(str(line)) for line in
+                           (lines if isinstance(lines, list) else []))
             pieces.append(f"{out.get('ename')}: {out.get('evalue')}\n{tb}\n")
     return "".join(pieces)
 

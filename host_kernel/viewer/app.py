@@ -188,7 +188,7 @@ class Viewer:
             return PlainTextResponse(f"not found: {exc}\n", status_code=404)
         except pages.BlobUnavailable as exc:
             return PlainTextResponse(f"not served: {exc}\n", status_code=REFUSED_STATUS)
-        headers = {"Content-Disposition": f'attachment; filename="{pages.safe_filename(name)}"'}
+        headers = {"Content-Disposition": pages.content_disposition(name)}
         if isinstance(data, bytes):
             return Response(data, media_type=media_type, headers=headers)
         return StreamingResponse(_chunks(data), media_type=media_type, headers=headers)
@@ -234,8 +234,7 @@ class Viewer:
 
         response = self.download("artifact", build, "application/octet-stream")
         if names and response.status_code == 200:
-            response.headers["Content-Disposition"] = (
-                f'attachment; filename="{pages.safe_filename(names[0])}"')
+            response.headers["Content-Disposition"] = pages.content_disposition(names[0])
         return response
 
     def receipt(self, request: Request) -> Response:

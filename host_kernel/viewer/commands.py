@@ -7,9 +7,13 @@ ends it (exit 0, quietly). The viewer itself is :mod:`host_kernel.viewer.app`.
 from __future__ import annotations
 
 import argparse
+import html
 import os
+import shutil
 import sys
+import tempfile
 import webbrowser
+from pathlib import Path
 
 from ..cli import EXIT_OK, Command, UsageError, add_record_arguments, record_argument
 
@@ -62,16 +66,39 @@ def _view_run(args: argparse.Namespace) -> int:
     out.write(f"host-kernel view: serving {record} at {server.url}\n")
     out.write("host-kernel view: press Ctrl-C to stop it\n")
     out.flush()
+    opener: Path | None = None
     if not args.no_browser and _browser_available():
+        opener = _opener(server.url)
         try:
-            webbrowser.open(server.url)
+            webbrowser.open(opener.as_uri())
         except webbrowser.Error:
             pass  # the URL is printed; that is enough
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        if opener is not None:
+            shutil.rmtree(opener.parent, ignore_errors=True)
     return EXIT_OK
+
+
+def _opener(url: str) -> Path:
+    """A page only this user can read that sends the browser on to ``url``.
+
+    The browser is started with this file's path rather than the URL: a command
+    line is readable by every local user (``/proc/PID/cmdline``), and the URL
+    carries the viewer's token. The file is removed when the viewer stops.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="hk-view-"))  # mode 0700
+    page = folder / "open.html"
+    target = html.escape(url, quote=True)
+    fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f'<!doctype html><meta charset="utf-8">'
+                f'<meta http-equiv="refresh" content="0;url={target}">'
+                f'<title>host-kernel view</title><a href="{target}">open the record viewer</a>\n')
+    return page
 
 
 VIEW = Command(

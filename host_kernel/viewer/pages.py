@@ -25,6 +25,7 @@ import os
 import re
 import tempfile
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ __all__ = [
     "artifact_prov",
     "check_blob",
     "choose_output",
+    "content_disposition",
     "record_header",
     "receipt_json",
     "receipt_page",
@@ -499,10 +501,22 @@ def _node_link(kind: str, attrs: dict[str, Any]) -> str | None:
 
 
 def safe_filename(name: str) -> str:
-    """A download name with no path, quote or control characters."""
+    """A download name with no path, quote or control characters (letters of any script)."""
     base = os.path.basename(name.replace("\\", "/")) or "artifact"
     cleaned = "".join(c if c.isalnum() or c in "._-+ " else "_" for c in base).strip(". ")
     return cleaned[:120] or "artifact"
+
+
+def content_disposition(name: str) -> str:
+    """An ``attachment`` header value for ``name``: an ASCII ``filename`` for every client
+    and, when the name has other letters, its UTF-8 form as ``filename*`` (RFC 6266 and
+    5987); header values must be Latin-1, so a name in another script cannot go as is."""
+    safe = safe_filename(name)
+    ascii_name = safe.encode("ascii", "replace").decode("ascii").replace("?", "_")
+    value = f'attachment; filename="{ascii_name}"'
+    if ascii_name != safe:
+        value += f"; filename*=UTF-8''{urllib.parse.quote(safe, safe='')}"
+    return value
 
 
 # --------------------------------------------------------------------------- verdicts

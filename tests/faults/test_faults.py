@@ -6,11 +6,9 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import subprocess
 import sys
-import textwrap
-import threading
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,7 +49,8 @@ def test_kernel_stuck_with_sigint_blocked_is_restarted(host: Host) -> None:
 
 
 def test_memory_exhaustion_is_an_error_not_a_dead_host(host: Host) -> None:
-    obs = host.execute("import resource\nresource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+    obs = host.execute("import resource\n"
+                       "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
                        "x = bytearray(4 << 30)")
     assert obs.status == "error" and "MemoryError" in obs.text
     assert host.execute("print('alive')").status == "ok"
@@ -207,7 +206,8 @@ def test_disk_full_while_saving_is_a_clear_error_and_nothing_half_written(
     (workdir / "small.txt").write_text("fits")
     with Host(workdir, record_dir=small_disk / "record") as host:
         obs = host.execute("try:\n    host.save_artifact('big.bin')\n"
-                           "except Exception as e:\n    print(type(e).__name__, e.code, '|', e.message)")
+                           "except Exception as e:\n"
+                           "    print(type(e).__name__, e.code, '|', e.message)")
         assert obs.outputs[0]["text"].startswith("StorageError storage_error | the record's disk "
                                                  "is full")
         tmp = small_disk / "record" / "tmp"
@@ -216,3 +216,82 @@ def test_disk_full_while_saving_is_a_clear_error_and_nothing_half_written(
         assert host.execute("a = host.save_artifact('small.txt'); print(a.size)").outputs[0][
             "text"].strip() == "4"
     assert audit(small_disk / "record").clean
+
+
+# -- hostile messages and failures around the end of a cell -------------------------------------
+
+
+def _cells(host: Host) -> list[dict[str, object]]:
+    return [dict(r) for r in host.ledger.query(
+        "SELECT cell_id, status, outputs FROM cells ORDER BY seq_started")]
+
+
+def test_a_lone_surrogate_in_a_stream_is_recorded_as_a_replacement_character(
+        host: Host) -> None:
+    # JSON can carry "\ud800" escaped; the Host decodes it to a string UTF-8 cannot hold.
+    obs = host.execute("import json, sys\n"
+                       "session = get_ipython().kernel.session\n"
+                       "pack = session.pack\n"
+                       "session.pack = lambda o: json.dumps(o, default=str).encode()\n"
+                       "print('before \\ud800 after')\n"
+                       "sys.stdout.flush()\n"
+                       "session.pack = pack")
+    assert obs.status == "ok", obs.text
+    stored = json.loads(_cells(host)[-1]["outputs"])  # type: ignore[arg-type]
+    assert stored[0]["text"] == "before \ufffd after\n"
+    assert audit(host.record_dir).clean
+
+
+def test_an_update_with_a_bundle_of_the_wrong_shape_is_not_kept(host: Host) -> None:
+    obs = host.execute(
+        "from IPython.display import display\n"
+        "display('first', display_id='d1')\n"
+        "kernel = get_ipython().kernel\n"
+        "kernel.session.send(kernel.iopub_socket, 'update_display_data',\n"
+        "    {'data': {'text/plain': 5, 'text/html': ['<b>', 'x</b>']}, 'metadata': {},\n"
+        "     'transient': {'display_id': 'd1'}}, parent=kernel.get_parent())\n"
+        "kernel.session.send(kernel.iopub_socket, 'update_display_data',\n"
+        "    {'data': 'not a bundle', 'transient': {'display_id': 'd1'}},\n"
+        "    parent=kernel.get_parent())")
+    assert obs.status == "ok", obs.text
+    [shown] = [o for o in obs.outputs if o["output_type"] == "display_data"]
+    # The int under text/plain is left out; the list of strings is joined, as nbformat does.
+    assert shown["data"] == {"text/html": "<b>x</b>"}
+    assert "[text/html: 8 characters, kept in the record]" in obs.text
+    assert audit(host.record_dir).clean
+
+
+def test_a_ctrl_c_after_the_run_still_records_the_cell_with_its_outputs(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C can land anywhere in Host.execute, e.g. while lineage is fed the cell: the
+    # cell must not stay `running` in the record.
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(host, "_cell_lineage", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        host.execute("print('done')")
+    monkeypatch.undo()
+    cell = _cells(host)[-1]
+    assert cell["status"] == "interrupted"
+    assert json.loads(cell["outputs"])[0]["text"] == "done\n"  # type: ignore[arg-type]
+    assert host.execute("print('next')").status == "ok"
+    assert audit(host.record_dir).clean
+
+
+def test_a_failure_of_the_host_after_the_run_keeps_the_cells_own_status(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("lineage broke")
+
+    monkeypatch.setattr(host, "_cell_lineage", broken)
+    with pytest.raises(RuntimeError):
+        host.execute("1 / 0")
+    monkeypatch.undo()
+    cell = _cells(host)[-1]
+    assert cell["status"] == "error"
+    finished = json.loads(host.ledger.query(
+        "SELECT body FROM events WHERE kind = 'cell_finished' ORDER BY seq DESC LIMIT 1"
+    )[0]["body"])
+    assert "The Host failed (RuntimeError: lineage broke)" in finished["notice"]
+    assert audit(host.record_dir).clean
