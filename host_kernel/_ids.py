@@ -13,8 +13,13 @@ CELL_ID_PATTERN = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")
 
 
 def mint_cell_id() -> str:
-    """A fresh cell id: 16 URL-safe characters, 96 random bits, valid per nbformat 4.5."""
-    return secrets.token_urlsafe(12)
+    """A fresh cell id: 16 URL-safe characters, valid per nbformat 4.5, that begins with a
+    letter or digit (so a command line never takes it for an option): about 95.9 random
+    bits."""
+    while True:
+        cell_id = secrets.token_urlsafe(12)
+        if cell_id[0] not in "-_":
+            return cell_id
 
 
 def mint_token() -> str:
