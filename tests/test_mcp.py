@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -103,7 +104,10 @@ def test_an_mcp_client_lists_tools_runs_a_cell_and_a_command_and_submits(
                          "--mode", "reusable_pipeline"])
     params = StdioServerParameters(
         command="bash", args=["-c", f"set -o pipefail; {server} | tee {shlex.quote(str(wire))}"],
-        env={"TMPDIR": tempfile.gettempdir()}, cwd=str(workdir))
+        # The suite's own state folder (tests/conftest.py): the server's record goes there,
+        # not into the user's ~/.local/state.
+        env={"TMPDIR": tempfile.gettempdir(), "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]},
+        cwd=str(workdir))
     with (tmp_path / "stderr.log").open("w") as errlog:
         seen = anyio.run(drive, params, errlog)
 
@@ -138,4 +142,5 @@ def test_an_mcp_client_lists_tools_runs_a_cell_and_a_command_and_submits(
     log = (tmp_path / "stderr.log").read_text()
     assert "host-kernel mcp" in log
     assert "LEAK-RAW" in log and "LEAK-CHILD" in log  # the kernel's fd 1 is the server's stderr
+    assert f"record {os.environ['XDG_STATE_HOME']}" in log
 
