@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from ._ids import is_cell_id
 from ._paths import LEDGER_NAME
 from ._version import __version__
 
@@ -549,9 +548,7 @@ LS = Command(
 
 
 def _show_arguments(parser: argparse.ArgumentParser) -> None:
-    # nargs="?": a cell id may begin with "-", which argparse takes for an unknown option;
-    # _parse gives such an argument back as the ID (and requires one).
-    parser.add_argument("id", metavar="ID", nargs="?",
+    parser.add_argument("id", metavar="ID",
                         help="a session, cell, receipt, artifact or verdict (submission) id, or "
                              "a prefix of it that no other id of the record starts with")
     add_record_arguments(parser, positional=False, workdir=True)
@@ -641,17 +638,6 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     reported by that subcommand's parser (its usage line, ``host-kernel CMD: error:``),
     not by the top-level one, which is where argparse sends them."""
     args, extras = parser.parse_known_args(argv)
-    sub_parser: argparse.ArgumentParser | None = getattr(args, "_parser", None)
-    if args.command == "show" and sub_parser is not None:
-        # A cell id that begins with "-" comes back as an unknown argument: it is the ID.
-        if args.id is None:
-            dashed = next((e for e in extras if e.startswith("-") and not e.startswith("--")
-                           and is_cell_id(e)), None)
-            if dashed is not None:
-                args.id = dashed
-                extras.remove(dashed)
-        if args.id is None:
-            sub_parser.error("the following arguments are required: ID")
     if extras:
         sub: argparse.ArgumentParser | None = getattr(args, "_parser", None)
         before_command = (args.command in argv and extras[0] in argv

@@ -50,8 +50,6 @@ from ..host._host import Host
 from ..host._pool import HostPool
 from ..llm import ChatClient, ChatResult, LLMError, ToolCall
 from ..modes import DEFAULT_MODE
-from ..reproduce import Emit
-from ..verify import Submission
 from .events import (
     EVENTS_FILE,
     ArtifactSaved,
@@ -146,29 +144,6 @@ class AgentResult:
         return self.outcome is Outcome.ACCEPTED
 
 
-
-
-class _RecordingHost(Host):
-    """A Host that also tells the loop, in-process, of every verdict it gives.
-
-    ``host.submit_output`` in a cell reaches ``Host.submit`` through the call
-    channel; hearing it here (not from the cell's output) is what lets an
-    accepted in-cell submission end the session on the Host's word alone.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.verdicts: list[tuple[Verdict, str | None]] = []
-
-    def submit(self, submission: Submission, *, submitting_cell: str | None = None,
-               emit: Emit | None = None) -> Verdict:
-        verdict = super().submit(submission, submitting_cell=submitting_cell, emit=emit)
-        self.verdicts.append((verdict, submitting_cell))
-        return verdict
-
-
-
-
 # ----------------------------------------------------------------------------- the session
 
 
@@ -245,7 +220,7 @@ _KEEP_GOING: Final[str] = (
 class _Session:
     """One agent session over one started Host. Used once, by :func:`run_agent`."""
 
-    def __init__(self, host: _RecordingHost, worker: HostThread, llm: ChatClient, task: str, *,
+    def __init__(self, host: Host, worker: HostThread, llm: ChatClient, task: str, *,
                  max_steps: int, token_budget: int, compact_at: float, stream: bool,
                  max_tokens: int | None, temperature: float | None,
                  cell_timeout: float | None, prices: Prices | None,
@@ -273,6 +248,8 @@ class _Session:
         self.requests = 0
         self.last_prompt_tokens: int | None = None
         self.last_verdict: Verdict | None = None
+        #: How many of the Host's verdicts (Host.verdicts) the log has been told of.
+        self._verdicts_seen = 0
         self.final_message: str | None = None
         self.generation = host.generation
         self.started_day = date.today().isoformat()
@@ -453,8 +430,9 @@ class _Session:
     def _drain_verdicts(self) -> bool:
         """Emit the verdicts the Host gave since the last drain; True if one was accepted."""
         accepted = False
-        while self.host.verdicts:
-            verdict, cell_id = self.host.verdicts.pop(0)
+        given = self.host.verdicts(self._verdicts_seen)
+        self._verdicts_seen += len(given)
+        for verdict, cell_id in given:
             self.last_verdict = verdict
             failed = [c.code for c in verdict.failed if not c.advisory]
             self.log.emit(SubmissionVerdict(
@@ -614,7 +592,7 @@ def run_agent(
     if token_budget < 1 or not 0 < compact_at <= 1:
         raise ValueError("token_budget must be positive and compact_at in (0, 1]")
     worker = HostThread()
-    host = _RecordingHost(workdir, mode=mode, request=task, record_dir=record_dir, front="agent",
+    host = Host(workdir, mode=mode, request=task, record_dir=record_dir, front="agent",
                           pool=pool, spare=spare)
     try:
         worker.call(host.start)

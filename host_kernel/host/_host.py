@@ -223,7 +223,7 @@ class Host:
         #: Generations an earlier process of this session ran (a resumed relay session).
         self._prior_generations = 0
         self._running: _RunningCell | None = None
-        self._verdicts: dict[str, list[Verdict]] = {}
+        self._verdicts: list[tuple[Verdict, str | None]] = []
         #: Set when a cell ignored the interrupt after Ctrl-C: the generation is restarted,
         #: with this reason, before the next cell.
         self._restart_due: str | None = None
@@ -1196,18 +1196,23 @@ class Host:
             "accepted": verdict.accepted, "verdict": verdict.to_dict(),
             "submission": self.redactor.deep(submission.to_dict()), "seen": seen,
         })
-        if submitting_cell is not None:
-            self._verdicts.setdefault(submitting_cell, []).append(verdict)
+        self._verdicts.append((verdict, submitting_cell))
         return verdict
 
-    def verdicts_of(self, cell_id: str) -> tuple[Verdict, ...]:
-        """The verdicts this Host gave to submissions made in ``cell_id``, in order.
+    def verdicts(self, start: int = 0) -> list[tuple[Verdict, str | None]]:
+        """Every verdict this Host gave, in order, from the ``start``-th: each with the
+        cell that submitted (None for a submission made outside a cell, such as the agent
+        loop's ``finalize_response``).
 
-        Held in the Host's memory as it recorded them, so a front that must say
-        whether a cell's submission was accepted (the MCP server) asks the Host,
-        not the cell's output nor a table on disk.
+        Held in the Host's memory as it recorded them, so a front that must say whether
+        a submission was accepted (the agent loop, the MCP server) asks the Host, not a
+        cell's output nor a table on disk.
         """
-        return tuple(self._verdicts.get(cell_id, ()))
+        return self._verdicts[start:]
+
+    def verdicts_of(self, cell_id: str) -> tuple[Verdict, ...]:
+        """The verdicts this Host gave to submissions made in ``cell_id``, in order."""
+        return tuple(v for v, cell in self._verdicts if cell == cell_id)
 
     def _trusted_projection(self) -> SQLiteLedger:
         """Projections rebuilt from events whose chain and hashes this Host vouches for."""
