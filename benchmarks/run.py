@@ -879,6 +879,7 @@ def _register_fronts() -> None:
     """
     if "relay_roundtrip" in BENCHMARKS:
         return
+    from benchmarks.agent import AGENT
     from benchmarks.bash_scale import BASH_SCALE
     from benchmarks.pool import POOL
     from benchmarks.relay import (
@@ -904,7 +905,7 @@ def _register_fronts() -> None:
               baseline=BASELINE)(bench_control_restart)
     for name, target, ours, baseline, run in POOL:
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
-    for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE, *VIEWER):
+    for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE, *VIEWER, *AGENT):
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     benchmark("long_session", target=LONG_TARGET, ours=LONG_OURS,
               baseline=LONG_BASELINE)(bench_long_session)

@@ -268,6 +268,16 @@ def _check_blobs(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport
         if not blobs.exists(row["sha256"]):
             report.findings.append(Finding("blob_missing", f"artifact {row['artifact_id']}",
                                            f"the blob of {row['filename']} is missing"))
+    # A collected sub-task's artifacts are kept in this record too (host.collect imports them).
+    for row in ledger.query("SELECT body FROM events WHERE kind = 'subtask_collected' "
+                            "ORDER BY seq"):
+        body = json.loads(row["body"])
+        for artifact in body.get("artifacts", ()):
+            if not blobs.exists(str(artifact.get("sha256"))):
+                report.findings.append(Finding(
+                    "blob_missing", f"sub-task {body.get('handle')} artifact "
+                    f"{artifact.get('artifact_id')}",
+                    f"the collected blob of {artifact.get('filename')} is missing"))
 
 
 def _check_receipts(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditReport) -> None:
@@ -295,6 +305,11 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
     workdirs = {r["session"]: r["workdir"] for r in ledger.query(
         "SELECT session, workdir FROM sessions")}
     artifacts = {r["artifact_id"] for r in ledger.query("SELECT artifact_id FROM artifacts")}
+    handles: set[str] = set()
+    for r in ledger.query("SELECT body FROM events WHERE kind = 'subtask_collected'"):
+        body = json.loads(r["body"])
+        handles.add(body.get("handle"))
+        artifacts.update(a.get("artifact_id") for a in body.get("artifacts", ()))
     for row in ledger.query("SELECT artifact_id, session, lineage FROM artifacts ORDER BY seq"):
         lineage = json.loads(row["lineage"]) if row["lineage"] else None
         if not lineage:
@@ -302,6 +317,11 @@ def _check_lineage(ledger: SQLiteLedger, blobs: FileBlobStore, report: AuditRepo
         for item in lineage.get("inputs", []):
             report.lineage_inputs += 1
             where = f"artifact {row['artifact_id']} input {item.get('key')}"
+            if item.get("handle"):
+                if item["handle"] not in handles:
+                    report.findings.append(Finding("lineage_dangling", where,
+                                                   "names a sub-task the record never collected"))
+                continue
             if item.get("artifact_id"):
                 if item["artifact_id"] not in artifacts:
                     report.findings.append(Finding("lineage_dangling", where,

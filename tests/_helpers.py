@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from host_kernel import Host
 
 
@@ -18,3 +21,13 @@ def refusal(host: Host, call: str) -> str:
                        f"    print(type(e).__name__, getattr(e, 'code', '?'), '|', e)")
     assert obs.status == "ok", obs.text
     return obs.outputs[0]["text"].strip() if obs.outputs else ""
+
+
+def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:
+    """Poll ``predicate`` every 50 ms until it is true; fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pipeline import build_package
 
 from host_kernel import Host
-
-from _pipeline import build_package
 
 
 def _children(pid: int) -> set[int]:
@@ -36,6 +35,17 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+#: Every HTTP request of the suite goes to a server on 127.0.0.1 that the test started.
+PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@pytest.fixture(autouse=True)
+def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy of the machine's stands between a test and its loopback server."""
+    for name in PROXIES:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_kernels() -> Iterator[None]:
     """Every kernel, command and socket folder the suite starts is gone at its end."""
@@ -45,16 +55,19 @@ def no_stray_kernels() -> Iterator[None]:
     saved = tempfile.tempdir
     tempfile.tempdir = own_tmp
     # Records live under $XDG_STATE_HOME by default: keep the suite's out of the real one.
-    saved_state = os.environ.get("XDG_STATE_HOME")
+    # ...and the user's own SYSTEM.md files and skills (under $XDG_CONFIG_HOME) out of tests.
+    saved_env = {name: os.environ.get(name) for name in ("XDG_STATE_HOME", "XDG_CONFIG_HOME")}
     os.environ["XDG_STATE_HOME"] = os.path.join(own_tmp, "state")
+    os.environ["XDG_CONFIG_HOME"] = os.path.join(own_tmp, "config")
     try:
         yield
     finally:
         tempfile.tempdir = saved
-        if saved_state is None:
-            os.environ.pop("XDG_STATE_HOME", None)
-        else:
-            os.environ["XDG_STATE_HOME"] = saved_state
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     leftover = _children(os.getpid()) - before
     runtime_after = [*Path(own_tmp).glob("hk-*"), *Path(own_tmp).glob("hks-*")]
     shutil.rmtree(own_tmp, ignore_errors=True)

@@ -14,6 +14,12 @@ received. A scripted reply is one of:
 * a callable taking the :class:`RecordedRequest` and returning one of the above,
   for replies that depend on what was asked.
 
+With ``routes`` (a mapping of a marker string to its own script), a request goes to
+the script of the first marker found in its first user message (where an agent's
+task is), and only requests without a marker there take the main script: several
+agent sessions talking to one server at once (a parent and its sub-tasks) each get
+their own replies, in their own order.
+
 When the script runs out the server answers 418 with a body saying so, which
 an LLM client treats as a non-retryable error, so a test that makes one call
 too many fails loudly. Use it as a context manager::
@@ -115,6 +121,15 @@ def content_chunks(*pieces: str, finish_reason: str = "stop") -> list[dict[str, 
     return chunks
 
 
+def _first_user_message(request: RecordedRequest) -> str:
+    try:
+        messages = request.json().get("messages") or []
+    except (ValueError, AttributeError):
+        return ""
+    return next((str(m.get("content")) for m in messages
+                 if isinstance(m, dict) and m.get("role") == "user"), "")
+
+
 def _encode(body: Body) -> tuple[bytes, str]:
     if isinstance(body, dict):
         return json.dumps(body).encode(), "application/json"
@@ -126,8 +141,10 @@ def _encode(body: Body) -> tuple[bytes, str]:
 class ScriptedLLMServer:
     """See the module docstring."""
 
-    def __init__(self, replies: Iterable[Reply] = ()) -> None:
+    def __init__(self, replies: Iterable[Reply] = (), *,
+                 routes: dict[str, Iterable[Reply]] | None = None) -> None:
         self._replies: deque[Reply] = deque(replies)
+        self._routes: dict[str, deque[Reply]] = {k: deque(v) for k, v in (routes or {}).items()}
         self._lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -151,10 +168,10 @@ class ScriptedLLMServer:
         with self._lock:
             return len(self._replies)
 
-    def push(self, *replies: Reply) -> None:
-        """Append replies to the script."""
+    def push(self, *replies: Reply, route: str | None = None) -> None:
+        """Append replies to the script (or to the script of ``route``)."""
         with self._lock:
-            self._replies.extend(replies)
+            (self._replies if route is None else self._routes[route]).extend(replies)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -175,7 +192,10 @@ class ScriptedLLMServer:
     def _next(self, request: RecordedRequest) -> Any:
         with self._lock:
             self.requests.append(request)
-            reply: Any = self._replies.popleft() if self._replies else None
+            first = _first_user_message(request)
+            queue = next((q for marker, q in self._routes.items() if marker in first),
+                         self._replies)
+            reply: Any = queue.popleft() if queue else None
         if reply is None:
             return (418, {"error": {"message": "the scripted server has no reply left"}})
         if callable(reply):

@@ -30,6 +30,7 @@ from host_kernel.agent.projection import replay
 from host_kernel.cli import main
 from host_kernel.llm import LLMClient, LLMConfig
 from host_kernel.prompts import CONCLUSION_GATE, SUMMARY_FORK, SUMMARY_HEADINGS
+from host_kernel.skills import Catalog
 
 USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -156,13 +157,13 @@ def test_an_armed_pipeline_session_ends_accepted_through_finalize_response(
     assert result.verdict is not None and result.verdict.accepted and result.verdict.armed
     assert result.steps == 2 and len(requests) == 2
     first = messages_of(requests[0])
-    assert [m["role"] for m in first] == ["system", "user"]
-    assert "## Task mode: reusable_pipeline (selected explicitly)" in first[1]["content"]
-    assert "Task mode" not in first[0]["content"]
-    assert requests[0].json()["tools"][0]["function"]["name"] == "finalize_response"
+    assert [m["role"] for m in first] == ["system", "system", "user"]
+    assert "## Task mode: reusable_pipeline (selected explicitly)" in first[2]["content"]
+    assert all("Task mode" not in m["content"] for m in first[:2])
+    assert "finalize_response" in [t["function"]["name"] for t in requests[0].json()["tools"]]
     second = messages_of(requests[1])
-    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
-    assert "[cell 2 of 2: ok]" in second[3]["content"] and "1 passed" in second[3]["content"]
+    assert [m["role"] for m in second] == ["system", "system", "user", "assistant", "user"]
+    assert "[cell 2 of 2: ok]" in second[4]["content"] and "1 passed" in second[4]["content"]
 
     snap = result.snapshot
     assert [c.state for c in snap.cells] == ["ok", "ok"]
@@ -254,8 +255,8 @@ def test_after_a_kernel_death_the_next_prompt_carries_the_new_generation(
     result, requests = death_run.result, death_run.requests
     assert result.accepted, result.reason
     after = messages_of(requests[3])
-    assert "kernel generation: 2" in after[1]["content"]
-    assert "kernel generation: 1" in messages_of(requests[1])[1]["content"]
+    assert "kernel generation: 2" in after[2]["content"]
+    assert "kernel generation: 1" in messages_of(requests[1])[2]["content"]
     assert "The kernel is now generation 2 (it was 1)" in after[-1]["content"]
     assert "kernel died" in after[-1]["content"]
     assert result.snapshot.kernel_generation == 2
@@ -269,11 +270,12 @@ def test_the_compaction_summary_is_given_the_hosts_generation_and_replaces_old_t
     assert fork[0]["content"].endswith("## kernel_generation\n2")
     assert "BEGIN TRANSCRIPT" in fork[1]["content"] and "x = 41" in fork[1]["content"]
     after = messages_of(death_run.requests[3])
-    # system, environment+task, summary, then the last exchange only (the death).
-    assert [m["role"] for m in after] == ["system", "user", "user", "assistant", "user"]
-    assert after[2]["content"].startswith("## Summary of earlier work")
-    assert "the kernel is at generation 2" in after[2]["content"]
-    assert all("x = 41" not in str(m["content"]) for m in after[3:])
+    # system blocks, environment+task, summary, then the last exchange only (the death).
+    assert [m["role"] for m in after] == ["system", "system", "user", "user", "assistant",
+                                          "user"]
+    assert after[3]["content"].startswith("## Summary of earlier work")
+    assert "the kernel is at generation 2" in after[3]["content"]
+    assert all("x = 41" not in str(m["content"]) for m in after[4:])
     comp = death_run.result.snapshot.compaction
     assert (comp.count, comp.state, comp.last_kernel_generation) == (1, "idle", 2)
 
@@ -282,11 +284,13 @@ def test_the_system_prefix_is_byte_identical_across_restart_and_compaction(
         death_run: DeathRun) -> None:
     turns = [r for r in death_run.requests if "tools" in r.json()]
     assert len(turns) == 3
-    prefixes = {json.dumps(messages_of(r)[0]) for r in turns}
-    assert prefixes == {json.dumps({"role": "system", "content": system_prefix()})}
+    prefixes = {json.dumps(messages_of(r)[:2]) for r in turns}
+    lines = Catalog.default(death_run.result.record_dir).catalog_lines()
+    assert prefixes == {json.dumps([{"role": "system", "content": b}
+                                    for b in system_prefix(lines)])}
     tools = {json.dumps(r.json()["tools"], sort_keys=True) for r in turns}
     assert len(tools) == 1
-    hashes = [r["data"]["layer_hashes"]["messages[0]"]
+    hashes = [r["data"]["layer_hashes"]["system"]
               for r in read_records(death_run.result.events_path)
               if r and r["kind"] == "prompt_rendered" and r["data"]["purpose"] == "turn"]
     assert len(hashes) == 3 and len(set(hashes)) == 1

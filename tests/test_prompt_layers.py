@@ -7,54 +7,86 @@ from pathlib import Path
 
 import pytest
 
+from host_kernel.agent.conversation import Conversation, ConversationState
 from host_kernel.agent.layers import (
+    DEFAULT_SEED,
     FINALIZE_FIELDS,
     FINALIZE_TOOL,
     LAYERS,
     PERSONA,
+    TOOL_SPECS,
     TOOLS,
-    Conversation,
     LayerClass,
     SessionAnchors,
+    Tier,
     extract_cells,
+    host_block,
     read_git_head,
     submission_from_arguments,
     system_prefix,
     task_message,
     tool_map,
 )
-from host_kernel.prompts import SECURITY_GENERAL, task_mode_prompt
+from host_kernel.agent.sysprompt import Block, initial_entries
+from host_kernel.prompts import SECURITY_GENERAL, SKILL_RETRIEVAL, task_mode_prompt
 
 ANCHORS = SessionAnchors("2025-01-02", "/ws", "/ws", "main", 1, "/ws/.host_kernel")
 
 
+def conversation(task_block: str) -> Conversation:
+    """A conversation whose system prompt is the built-in one, as a new session logs it."""
+    state = ConversationState()
+    state.entries += initial_entries([Block(b, "test") for b in system_prefix()])
+    return Conversation(state, ANCHORS, task_block)
+
+
 def test_the_inventory_names_every_layer_with_its_class_and_place() -> None:
     by_name = {layer.name: layer for layer in LAYERS}
-    assert list(by_name) == ["base_system", "tool_map", "environment", "task", "history",
-                             "compaction_summary", "request_options"]
+    assert list(by_name) == ["base_system", "tool_map", "environment", "task", "loaded_tools",
+                             "history", "compaction_summary", "request_options"]
     immutable = {n for n, layer in by_name.items() if layer.layer_class is LayerClass.IMMUTABLE}
     assert immutable == {"base_system", "tool_map"}
-    assert by_name["base_system"].where == "messages[0]"
-    assert by_name["environment"].where.startswith("messages[1]")
-    assert by_name["task"].where.startswith("messages[1]")
+    assert by_name["base_system"].where == "leading system messages"
+    for name in ("environment", "task", "loaded_tools"):
+        assert by_name[name].where.startswith("first user message")
     assert all(layer.holds for layer in LAYERS)
 
 
-def test_the_prefix_holds_persona_api_security_and_one_line_per_tool_and_nothing_volatile(
+def test_the_prefix_holds_persona_api_security_and_the_tool_map_and_nothing_volatile(
 ) -> None:
-    prefix = system_prefix()
-    assert prefix.startswith(PERSONA)
-    assert SECURITY_GENERAL in prefix
-    assert "host.bash(command" in prefix and "host.submit_output(" in prefix
-    assert prefix.endswith(tool_map())
-    tool_lines = [line for line in tool_map().splitlines() if line.startswith("- ")]
-    assert len(tool_lines) == len(TOOLS) == 1
-    assert tool_lines[0].startswith("- finalize_response: ")
-    assert system_prefix() == prefix  # a pure function of constants
-    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", prefix)
-    assert "generation 1" not in prefix and "Task mode" not in prefix
-    for mode in ("reusable_pipeline", "codebase_change"):
-        assert task_mode_prompt(mode, True) not in prefix
+    seed, fixed = system_prefix()
+    assert seed == DEFAULT_SEED and seed.startswith(PERSONA)
+    assert "host.bash(command" in seed and "host.submit_output(" in seed
+    assert fixed.startswith(SECURITY_GENERAL) and fixed.endswith(tool_map())
+    assert SKILL_RETRIEVAL not in fixed  # no catalog lines, no routing rules
+    with_skills = host_block("Skills: 1 in the catalog.\n- a: b")
+    assert SKILL_RETRIEVAL in with_skills and with_skills.endswith("- a: b")
+    assert system_prefix() == (seed, fixed)  # a pure function of constants
+    for text in (seed, fixed):
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text)
+        assert "generation 1" not in text and "Task mode" not in text
+        for mode in ("reusable_pipeline", "codebase_change"):
+            assert task_mode_prompt(mode, True) not in text
+
+
+def test_frequent_tools_carry_their_arguments_and_rare_tools_one_line() -> None:
+    lines = tool_map().splitlines()
+    frequent = [t for t in TOOL_SPECS if t.tier is Tier.FREQUENT]
+    rare = [t for t in TOOL_SPECS if t.tier is Tier.RARE]
+    assert {t.name for t in frequent} >= {"execute", "finalize_response", "tool_view"}
+    assert {t.name for t in rare} >= {"list_skills", "search_skills", "skill_view"}
+    for spec in frequent:
+        assert any(line.startswith(f"- {spec.sketch}: ") for line in lines)
+        assert spec.sketch.startswith(spec.name + "(")
+    for spec in rare:
+        assert f"- {spec.name}: {spec.summary}" in lines
+    # The tools field: frequent tools in full, rare ones as a stub that takes any object.
+    by_name = {t["function"]["name"]: t["function"] for t in TOOLS}
+    assert by_name["finalize_response"]["parameters"] == FINALIZE_TOOL["function"]["parameters"]
+    for spec in rare:
+        assert by_name[spec.name]["parameters"] == {"type": "object",
+                                                   "additionalProperties": True}
+        assert "tool_view" in by_name[spec.name]["description"]
 
 
 def test_the_task_mode_fragment_goes_only_into_the_task_message() -> None:
@@ -64,10 +96,10 @@ def test_the_task_mode_fragment_goes_only_into_the_task_message() -> None:
     advisory = task_message("build it", "codebase_change", False)
     assert "(inferred from the request)" in advisory
     assert task_message("what is 2+2", "analysis_run", False) == "## Task\nwhat is 2+2"
-    conv = Conversation(system_prefix(), ANCHORS, armed)
-    messages = conv.messages()
-    assert "Task mode" not in messages[0]["content"]
-    assert task_mode_prompt("reusable_pipeline", True) in messages[1]["content"]
+    messages = conversation(armed).messages()
+    assert [m["role"] for m in messages] == ["system", "system", "user"]
+    assert all("Task mode" not in m["content"] for m in messages[:2])
+    assert task_mode_prompt("reusable_pipeline", True) in messages[2]["content"]
 
 
 def test_the_environment_block_carries_every_anchor() -> None:
@@ -78,16 +110,20 @@ def test_the_environment_block_carries_every_anchor() -> None:
 
 
 def test_only_the_changed_layers_hash_differently() -> None:
-    conv = Conversation(system_prefix(), ANCHORS, task_message("t", "analysis_run", False))
+    conv = conversation(task_message("t", "analysis_run", False))
     options = {"model": "m", "tools": list(TOOLS)}
     before = conv.layer_hashes(options)
-    conv.history.append({"role": "assistant", "content": "hi"})
+    conv.state.history.append({"role": "assistant", "content": "hi"})
     conv.anchors = SessionAnchors("2025-01-02", "/ws", "/ws", "main", 2, "/ws/.host_kernel")
-    conv.summary = "## Summary"
+    conv.state.summary = "## Summary"
+    conv.state.loaded_tools.append("skill_view")
     after = conv.layer_hashes(options)
     changed = {k for k in before if before[k] != after[k]}
-    assert changed == {"environment", "history", "compaction_summary"}
-    assert before["compaction_summary"] is None
+    assert changed == {"environment", "history", "compaction_summary", "loaded_tools"}
+    assert before["compaction_summary"] is None and before["loaded_tools"] is None
+    # Loading a tool changes the first user message, never a system message.
+    assert conv.messages()[:2] == conversation("t").messages()[:2]
+    assert "### skill_view" in conv.messages()[2]["content"]
 
 
 def test_the_finalize_tool_takes_the_fields_of_submit_output() -> None:

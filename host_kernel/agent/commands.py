@@ -58,7 +58,13 @@ def _workdir(value: str | None) -> Path:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", metavar="TASK", help="what the agent is asked to do")
+    parser.add_argument("task", metavar="TASK", nargs="?", default=None,
+                        help="what the agent is asked to do (with --resume: an optional "
+                             "follow-up)")
+    parser.add_argument("--resume", metavar="SESSION", default=None,
+                        help="continue this session of the record (its id, or a unique "
+                             "prefix): conversation rebuilt from its events, a new kernel "
+                             "generation, the system prompt reconciled with SYSTEM.md files")
     parser.add_argument("--mode", metavar="M", default=None,
                         help="arm a task mode (analysis_run, reusable_pipeline, codebase_change);"
                              " default: detected from TASK, advisory only")
@@ -92,11 +98,27 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="USD per million prompt tokens, for a cost estimate")
     parser.add_argument("--price-out", metavar="USD", type=float, default=None,
                         help="USD per million completion tokens")
+    parser.add_argument("--budget-usd", metavar="USD", type=float, default=None,
+                        help="stop the run once the priced spend (provider-reported or from "
+                             "--price-in/--price-out) passes this many dollars")
+    parser.add_argument("--system-style", choices=("separate", "single"), default=None,
+                        help="send the system blocks as separate leading system messages "
+                             "(the default for a new session) or joined into one (for chat "
+                             "templates that take one); a resume keeps the session's own")
+    parser.add_argument("--max-subtasks", metavar="N", type=int, default=None,
+                        help="sub-tasks (host.delegate) that may run at once (default: one "
+                             "per CPU core, at most 4)")
+    parser.add_argument("--subtask-depth", metavar="N", type=int, default=None,
+                        help="levels of sub-tasks allowed below this session (default 1; "
+                             "0 refuses host.delegate)")
+    parser.add_argument("--subtask-timeout", metavar="S", type=float, default=None,
+                        help="a sub-task's wall-clock limit in seconds (default 900)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def _run_run(args: argparse.Namespace) -> int:
     from ..llm import LLMClient, LLMConfig, LLMConfigError
+    from .delegation import DelegationConfig
     from .events import progress_line
     from .loop import (
         DEFAULT_MAX_STEPS,
@@ -109,6 +131,28 @@ def _run_run(args: argparse.Namespace) -> int:
     workdir = _workdir(args.workdir)
     mode = _mode(args.mode)
     writable_record(args.record)
+    if args.task is None and args.resume is None:
+        raise UsageError("give a TASK, or --resume SESSION to continue one")
+    if args.task is not None and not args.task.strip():
+        raise UsageError("TASK is empty")
+    if args.resume is not None and mode is not None:
+        raise UsageError("--mode with --resume: a resumed session keeps its own mode")
+    if args.budget_usd is not None and not args.budget_usd >= 0:
+        raise UsageError("--budget-usd must be a number of dollars, 0 or more")
+    bounds: dict[str, Any] = {}
+    if args.max_subtasks is not None:
+        if args.max_subtasks < 1:
+            raise UsageError("--max-subtasks must be at least 1")
+        bounds["max_concurrent"] = args.max_subtasks
+    if args.subtask_depth is not None:
+        if args.subtask_depth < 0:
+            raise UsageError("--subtask-depth must be 0 or more")
+        bounds["max_depth"] = args.subtask_depth
+    if args.subtask_timeout is not None:
+        if not args.subtask_timeout > 0:
+            raise UsageError("--subtask-timeout must be a positive number of seconds")
+        bounds["timeout"] = args.subtask_timeout
+    resume = None if args.resume is None else _session_of(args.resume, workdir, args.record)
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
     if args.token_budget is not None and args.token_budget < 1:
@@ -138,9 +182,14 @@ def _run_run(args: argparse.Namespace) -> int:
                 max_steps=args.max_steps or DEFAULT_MAX_STEPS, record_dir=args.record,
                 token_budget=args.token_budget or DEFAULT_TOKEN_BUDGET, on_progress=progress,
                 stream=args.stream, max_tokens=args.max_tokens, temperature=args.temperature,
-                cell_timeout=args.cell_timeout, prices=prices)
+                cell_timeout=args.cell_timeout, prices=prices, resume=resume,
+                budget_usd=args.budget_usd, system_style=args.system_style,
+                delegation=DelegationConfig(**bounds))
         except HostKernelError as exc:
-            raise CommandFailed(f"the Host could not start: {exc}") from None
+            what = "the session could not be resumed" if resume else "the Host could not start"
+            raise CommandFailed(f"{what}: {exc}") from None
+        except ValueError as exc:  # a SYSTEM.md that cannot be used, an accepted session
+            raise UsageError(str(exc)) from None
     out = sys.stdout
     if result.verdict is not None:
         out.write(result.verdict.explain() + "\n")
@@ -148,11 +197,31 @@ def _run_run(args: argparse.Namespace) -> int:
         out.write("No submission was verified in this session.\n")
     tail = f" ({result.reason})" if result.reason else ""
     out.write(f"outcome: {result.outcome.value} after {result.steps} step(s){tail}\n"
-              f"record: {result.record_dir}\nevents: {result.events_path}\n")
+              f"session: {result.session_id} (host-kernel run --resume {result.session_id} "
+              f"continues it)\nrecord: {result.record_dir}\nevents: {result.events_path}\n")
     out.flush()
     if result.outcome is Outcome.INTERRUPTED:
         return EXIT_INTERRUPTED
     return EXIT_OK if result.accepted else EXIT_FAILED
+
+
+def _session_of(value: str, workdir: Path, record: str | None) -> str:
+    """The agent session a --resume names: a full id or a unique prefix, in the record."""
+    from .._paths import default_record_dir
+    from .events import EVENTS_FILE, sessions_in
+
+    folder = Path(record) if record else default_record_dir(workdir)
+    events = folder / EVENTS_FILE
+    if not events.is_file():
+        raise UsageError(f"--resume {value}: no agent session was run with this record "
+                         f"({events} does not exist)")
+    found = [s for s in sessions_in(events) if s.startswith(value)]
+    if not found:
+        raise UsageError(f"--resume {value}: no such session in {events}; "
+                         f"`host-kernel trace --list` lists them")
+    if len(found) > 1 and value not in found:
+        raise UsageError(f"--resume {value} is ambiguous: {', '.join(found)}")
+    return value if value in found else found[0]
 
 
 RUN = Command(
@@ -162,9 +231,10 @@ RUN = Command(
         "Start a Host in WORKDIR and let a model work on TASK: its python cells run through "
         "the Host, and it finishes with the finalize_response tool (or host.submit_output), "
         "which the Host verifies against its record. Progress goes to stderr; the verdict "
-        "and the record's location to stdout. Exit 0 only when the session ends with an "
-        "accepted completion; 1 otherwise; 130 on Ctrl-C (the running cell is interrupted "
-        "and recorded)."),
+        "and the record's location to stdout. --resume SESSION continues an earlier session "
+        "of the same record in a new kernel generation. Exit 0 only when the session ends "
+        "with an accepted completion; 1 otherwise (a step limit, a budget stop, an error); "
+        "130 on Ctrl-C (the running cell is interrupted and recorded)."),
     add_arguments=_run_arguments,
     run=_run_run,
 )
@@ -183,6 +253,9 @@ def _trace_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the session to show (default: the last one in the log)")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     parser.add_argument("--list", action="store_true", help="list the sessions in the log")
+    parser.add_argument("--at", metavar="N", type=int, default=None,
+                        help="print the system prompt as it was at event N (its seq) of the "
+                             "session: each block, in order, with the entry it came from")
 
 
 def _events_file(value: str) -> Path:
@@ -219,11 +292,43 @@ def _trace_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.session is not None and args.session not in sessions:
         raise UsageError(f"no session {args.session} in {path}; --list shows them")
+    if args.at is not None:
+        return _prompt_at(path, args.session or sessions[-1], args.at, args.json)
     snapshot = replay(path, args.session)
     if args.json:
         sys.stdout.write(json.dumps(snapshot.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(snapshot.render())
+    return EXIT_OK
+
+
+def _prompt_at(path: Path, session: str, at: int, as_json: bool) -> int:
+    from .events import read_records
+    from .sysprompt import entries_from_records
+
+    if at < 1:
+        raise UsageError("--at must be an event number (a seq), 1 or more")
+    records = [r for r in read_records(path) if r is not None and r.get("session") == session]
+    last = max((r["seq"] for r in records if isinstance(r.get("seq"), int)), default=0)
+    if at > last:
+        raise UsageError(f"--at {at}: session {session} has {last} events")
+    # The same walk as sysprompt.effective, keeping where each block came from.
+    blocks: list[dict[str, Any]] = []
+    for entry in entries_from_records(records, session, upto=at):
+        if entry.op == "replace":
+            blocks.clear()
+        blocks.append({"text": entry.text, "source": entry.source, "seq": entry.seq,
+                       "op": entry.op})
+    if as_json:
+        sys.stdout.write(json.dumps({"session": session, "at": at, "blocks": blocks},
+                                    indent=2, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    if not blocks:
+        sys.stdout.write(f"no system prompt yet at event {at} of session {session}\n")
+        return EXIT_OK
+    for i, block in enumerate(blocks, 1):
+        sys.stdout.write(f"=== system block {i} of {len(blocks)} ({block['op']} at event "
+                         f"{block['seq']}, from {block['source'] or '?'}) ===\n{block['text']}\n")
     return EXIT_OK
 
 

@@ -45,14 +45,20 @@ __all__ = [
     "EventLog",
     "GateDecided",
     "KernelRestarted",
+    "MessageAppended",
     "PromptRendered",
     "ProviderBudget",
     "ReceiptRecorded",
     "SessionEnded",
+    "SessionResumed",
     "SessionStarted",
     "SubmissionVerdict",
+    "SubtaskFinished",
+    "SubtaskStarted",
+    "SystemPromptEntry",
     "ToolCallCompleted",
     "ToolCallStarted",
+    "ToolLoaded",
     "UserInput",
     "progress_line",
     "read_records",
@@ -90,12 +96,14 @@ class SessionStarted(AgentEvent):
     max_steps: int
     token_budget: int
     stream: bool
+    system_style: str = "separate"  # separate | single (agent/conversation.py)
 
 
 @dataclass(frozen=True, slots=True)
 class SessionEnded(AgentEvent):
     kind: ClassVar[str] = "session_ended"
-    outcome: str  # accepted | step_limit | interrupted | error
+    # accepted | step_limit | interrupted | error | budget_exceeded | cancelled
+    outcome: str
     steps: int
     accepted: bool
     submission_id: str | None = None
@@ -106,7 +114,7 @@ class SessionEnded(AgentEvent):
 class UserInput(AgentEvent):
     kind: ClassVar[str] = "user_input"
     text: str
-    source: str = "task"  # task | interrupt
+    source: str = "task"  # task | interrupt | resume (a follow-up given with --resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +168,7 @@ class CellCompleted(AgentEvent):
     proposal: str
     step: int
     cell_id: str | None  # None when the cell was skipped (an earlier cell of the reply failed)
-    status: str  # ok | error | timeout | kernel_died | skipped
+    status: str  # ok | error | timeout | kernel_died | interrupted | skipped | host_died
     generation: int | None
     duration: float | None
     notice: str | None = None
@@ -199,7 +207,7 @@ class ToolCallCompleted(AgentEvent):
     kind: ClassVar[str] = "tool_call_completed"
     call_id: str
     name: str
-    outcome: str  # accepted | refused | error
+    outcome: str  # accepted | refused | ok | error
     detail: str
 
 
@@ -252,6 +260,80 @@ class CompactionCompleted(AgentEvent):
     summary_chars: int
     missing_headings: list[str]
     kernel_generation: int
+    #: The summary that replaced older history, and how many history messages it
+    #: replaced (from the front): what a rebuild needs to redo the compaction.
+    summary: str | None = None
+    dropped: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPromptEntry(AgentEvent):
+    """One positioned entry of the system prompt's log (:mod:`.sysprompt`)."""
+
+    kind: ClassVar[str] = "system_prompt"
+    op: str  # append | replace
+    text: str
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAppended(AgentEvent):
+    """One message added to the conversation's history, exactly as the model will see it.
+
+    The conversation is rebuilt from these (with the system entries and compactions),
+    live and on resume, so what was sent and what a resume sends are the same bytes.
+    """
+
+    kind: ClassVar[str] = "message"
+    message: dict[str, Any]
+    source: str  # model | observation | tool_result | resume
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLoaded(AgentEvent):
+    """A rare tool's full schema was put into the loaded-tools block of the context."""
+
+    kind: ClassVar[str] = "tool_loaded"
+    name: str
+    why: str  # tool_view | bad_arguments
+
+
+@dataclass(frozen=True, slots=True)
+class SessionResumed(AgentEvent):
+    """A new process took the session up again (``host-kernel run --resume``)."""
+
+    kind: ClassVar[str] = "session_resumed"
+    previous_outcome: str | None  # the outcome the last run ended with; None: it crashed
+    generation: int
+    max_steps: int
+    reconciled: int  # system prompt entries appended by the reconciliation (0: unchanged)
+    model: str | None = None
+    #: A system style other than the session's, from this resume on; None: unchanged.
+    system_style: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskStarted(AgentEvent):
+    kind: ClassVar[str] = "subtask_started"
+    handle: str
+    task: str
+    cell_id: str | None
+    folder: str
+    record_dir: str
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskFinished(AgentEvent):
+    kind: ClassVar[str] = "subtask_finished"
+    handle: str
+    outcome: str  # accepted | step_limit | error | timeout | cancelled | ...
+    accepted: bool
+    session: str | None
+    cost_usd: float | None
+    priced: int
+    unpriced: int
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +348,8 @@ EVENT_TYPES: Final[tuple[type[AgentEvent], ...]] = (
     SessionStarted, SessionEnded, UserInput, PromptRendered, ProviderBudget, CellProposed,
     CellStarted, CellCompleted, ReceiptRecorded, ArtifactSaved, ToolCallStarted,
     ToolCallCompleted, SubmissionVerdict, GateDecided, KernelRestarted, CompactionStarted,
-    CompactionCompleted, ErrorEvent,
+    CompactionCompleted, ErrorEvent, SystemPromptEntry, MessageAppended, ToolLoaded,
+    SessionResumed, SubtaskStarted, SubtaskFinished,
 )
 
 
@@ -286,13 +369,20 @@ class EventLog:
     """
 
     def __init__(self, path: str | os.PathLike[str], session: str,
-                 listeners: Iterable[Listener] = ()) -> None:
+                 listeners: Iterable[Listener] = (), *, start_seq: int = 0) -> None:
+        """``start_seq``: the session's last seq already in the file (a resumed session
+        goes on counting from it)."""
         self.path = Path(path)
         self.session = session
         self._listeners = list(listeners)
         self._lock = threading.Lock()
-        self._seq = 0
+        self._seq = start_seq
         self._file: TextIO | None = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        if _ends_mid_line(self.path):
+            # A process killed mid-write left half a line: end it, so the next record
+            # is a line of its own (a replay counts the half line as malformed).
+            self._file.write("\n")
+            self._file.flush()
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -324,6 +414,18 @@ class EventLog:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any] | None]:
@@ -383,6 +485,16 @@ def progress_line(record: Mapping[str, Any]) -> str | None:
     if kind == "compaction_completed":
         return ("compaction done" if d.get("ok") else "compaction failed; history kept") + (
             f": {d.get('messages_after')} messages")
+    if kind == "session_resumed":
+        return (f"session resumed in kernel generation {d.get('generation')} (it had ended: "
+                f"{d.get('previous_outcome') or 'crashed'}); system prompt entries appended: "
+                f"{d.get('reconciled')}")
+    if kind == "tool_loaded":
+        return f"tool {d.get('name')}: full schema loaded ({d.get('why')})"
+    if kind == "subtask_started":
+        return f"sub-task {d.get('handle')} started in {d.get('folder')}"
+    if kind == "subtask_finished":
+        return f"sub-task {d.get('handle')} finished: {d.get('outcome')}"
     if kind == "error":
         return f"error ({d.get('where')}): {d.get('type')}: {d.get('message')}"
     if kind == "session_ended":

@@ -1,24 +1,28 @@
-"""The agent's prompt layers: a typed inventory, and the assembly of a request from them.
+"""The agent's prompt layers: a typed inventory, the texts of the prefix, and the tools.
 
 Owns what the model is shown and where each piece sits:
 
 * :data:`LAYERS`, the inventory: each layer named, classed **immutable**
   (part of the cacheable prefix) or **variable**, with where it is assembled;
-* the immutable texts: :data:`PERSONA`, :data:`HOST_API_REFERENCE`, the
-  ``finalize_response`` tool (:data:`FINALIZE_TOOL`) and its one-line map;
-  :func:`system_prefix` joins them with :data:`host_kernel.prompts.SECURITY_GENERAL`
-  into ``messages[0]``, the same bytes for every request of a session;
-* the variable context: :class:`SessionAnchors` (date, workspace root, cwd,
-  git branch read from ``.git/HEAD`` in-process, kernel generation, record
-  location) and the task with its task-mode fragment, in ``messages[1]``;
-* :class:`Conversation`, which holds the layers of one session and renders
-  ``messages`` and the per-layer hashes that ``prompt_rendered`` events carry;
+* the immutable texts: the built-in seed (:data:`DEFAULT_SEED`: :data:`PERSONA`
+  and :data:`HOST_API_REFERENCE`) and the Host block (:func:`host_block`: the
+  security fragment, the tool map, the skill-retrieval rules and the catalog
+  lines). Which blocks a session sends, and when they change, is the system
+  prompt's log (:mod:`.sysprompt`), rendered by :mod:`.conversation`;
+* the **tools** and their tiers (:data:`TOOL_SPECS`): a frequent tool is shown
+  with its arguments in the prefix and sent with its full schema; a rare tool
+  is one line in the prefix and a stub in the ``tools`` field, and its schema
+  is loaded on demand into the loaded-tools block (:func:`loaded_tools_block`)
+  of the variable context, so the prefix and the ``tools`` field never change;
+* the variable context's pieces: :class:`SessionAnchors` (date, workspace
+  root, cwd, git branch read from ``.git/HEAD`` in-process, kernel generation,
+  record location) and the task with its task-mode fragment;
 * reading a reply against these layers: its python cells
   (:func:`extract_cells`) and its ``finalize_response`` arguments as a
   :class:`~host_kernel.verify.Submission` (:func:`submission_from_arguments`).
 
 It does not talk to a model, run cells or decide anything; :mod:`.loop` does.
-Volatile facts never enter ``messages[0]``; the task-mode fragment is only
+Volatile facts never enter a system message; the task-mode fragment is only
 ever in the task's user message.
 """
 
@@ -31,27 +35,33 @@ import math
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..prompts import SECURITY_GENERAL, task_mode_prompt
+from ..prompts import SECURITY_GENERAL, SKILL_RETRIEVAL, task_mode_prompt
 from ..verify import Submission
 
 __all__ = [
+    "DEFAULT_SEED",
     "FINALIZE_FIELDS",
     "FINALIZE_TOOL",
     "HOST_API_REFERENCE",
     "LAYERS",
     "PERSONA",
     "TOOLS",
-    "Conversation",
+    "TOOLS_BY_NAME",
+    "TOOL_SPECS",
+    "Tier",
+    "ToolSpec",
     "GitHead",
     "Layer",
     "LayerClass",
     "SessionAnchors",
     "estimate_tokens",
     "extract_cells",
+    "host_block",
+    "loaded_tools_block",
     "read_git_head",
     "sha256_text",
     "submission_from_arguments",
@@ -77,22 +87,29 @@ class Layer:
 
 
 LAYERS: Final[tuple[Layer, ...]] = (
-    Layer("base_system", LayerClass.IMMUTABLE, "messages[0]",
-          "persona, the host API reference, the security fragment (prompts.SECURITY_GENERAL)"),
-    Layer("tool_map", LayerClass.IMMUTABLE, "end of messages[0]",
-          "one line per native tool; full schemas go in the request's tools field"),
-    Layer("environment", LayerClass.VARIABLE, "messages[1], first block",
+    Layer("base_system", LayerClass.IMMUTABLE, "leading system messages",
+          "the system prompt's log (agent/sysprompt.py): the seed (SYSTEM.md, else the "
+          "persona and the host API reference) and the APPEND_SYSTEM.md blocks; it changes "
+          "only by a recorded replace/append entry"),
+    Layer("tool_map", LayerClass.IMMUTABLE, "the last leading system message (the Host block)",
+          "the security fragment (prompts.SECURITY_GENERAL), the tool map (frequent tools "
+          "with their arguments, rare tools one line each), the skill-retrieval rules and "
+          "the skills catalog lines; full schemas of frequent tools go in the tools field"),
+    Layer("environment", LayerClass.VARIABLE, "first user message, first block",
           "date, workspace root, cwd, git branch (.git/HEAD, worktrees, detached HEAD), "
           "kernel generation, record location"),
-    Layer("task", LayerClass.VARIABLE, "messages[1], after the environment",
+    Layer("task", LayerClass.VARIABLE, "first user message, after the environment",
           "the task text and prompts.task_mode_prompt(mode, armed)"),
-    Layer("history", LayerClass.VARIABLE, "messages[2:]",
+    Layer("loaded_tools", LayerClass.VARIABLE, "first user message, last block",
+          "full schemas of the rare tools loaded by tool_view or by a bad call, in load order"),
+    Layer("history", LayerClass.VARIABLE, "after the first user message",
           "assistant messages with their cells and tool calls, Observations as user "
           "messages, tool results"),
-    Layer("compaction_summary", LayerClass.VARIABLE, "messages[2] after a compaction",
+    Layer("compaction_summary", LayerClass.VARIABLE, "before the history, after a compaction",
           "the summary fork's handoff (nine headings), replacing older history"),
     Layer("request_options", LayerClass.VARIABLE, "outside messages",
-          "model, max_tokens, temperature, stream, tools (the finalize_response schema)"),
+          "model, max_tokens, temperature, stream, tools (frequent tools' schemas, rare "
+          "tools' stubs: the same bytes for the whole session)"),
 )
 
 # ----------------------------------------------------------------------------- immutable texts
@@ -107,9 +124,9 @@ Host drives and records. You act by writing Python code cells; the Host runs \
 them and shows you what happened.
 
 How to act:
-- Put code to run in fenced blocks that start with ```python and end with ```. \
-Each block is one cell. Several blocks in one reply run in order; if one \
-fails, the rest of that reply is skipped.
+- Put code to run in fenced blocks that start with ```python and end with ```, \
+or call the execute tool with it. Each block (or call) is one cell. Several in \
+one reply run in order; if one fails, the rest of that reply is skipped.
 - After your reply, the Host answers with one Observation per cell: its \
 output, errors and any notice (a timeout, a kernel restart). Read it before \
 you go on. Never claim an output you have not seen in an Observation.
@@ -148,6 +165,13 @@ of this session's artifacts.
 output_schema=None, source_files=None, entry_points=None, \
 architecture_summary=None, test_evidence=None) -> Verdict; raises \
 SubmissionRefused listing every failed check.
+- host.skills.list(collection=None, offset=0), host.skills.search(query), \
+host.skills.get(name): the skills catalog, as the skill tools give it.
+- host.delegate(task, inputs=[paths or artifact ids], mode=None, folder=None, \
+timeout=None) -> Subtask: start a sub-task (a child agent with its own kernel and \
+record) on a sub-folder holding copies of the inputs; host.collect(subtask, \
+timeout=None) -> SubtaskResult (.accepted, .output, .artifacts, .error); \
+result.load(artifact_id, path=None) copies one of its artifacts into the workspace.
 - host.cell_id, host.generation, host.mode: where you are."""
 
 #: The fields of ``finalize_response``: those of ``host.submit_output``, plus
@@ -221,28 +245,133 @@ FINALIZE_TOOL: Final[dict[str, Any]] = {
     },
 }
 
-#: The native tools sent in every turn's ``tools`` field, in order.
-TOOLS: Final[tuple[dict[str, Any], ...]] = (FINALIZE_TOOL,)
-
-_TOOL_LINES: Final[dict[str, str]] = {
-    "finalize_response": "submit the final answer and code declarations; the Host verifies "
-                         "them (same checks as host.submit_output) and a refusal lists what "
-                         "failed.",
-}
+class Tier(enum.Enum):
+    FREQUENT = "frequent"  # full argument sketch in the stable prefix, full schema in tools
+    RARE = "rare"          # one line in the prefix; schema loaded on demand (tool_view)
 
 
-def tool_map(tools: Sequence[Mapping[str, Any]] = TOOLS) -> str:
-    """One line per tool: ``- name: what it is for``."""
-    lines = ["Tools (their full schemas are in the request's tools field):"]
-    for tool in tools:
-        fn = tool["function"]
-        lines.append(f"- {fn['name']}: {_TOOL_LINES.get(fn['name'], fn.get('description', ''))}")
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A native tool: its tier, the line the prefix gives it, and its full schema."""
+
+    name: str
+    tier: Tier
+    summary: str
+    parameters: Mapping[str, Any]
+    #: For a frequent tool: its arguments as the prefix shows them, ``name(args)``.
+    sketch: str = ""
+
+    def full_schema(self) -> dict[str, Any]:
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.summary,
+            "parameters": json.loads(json.dumps(self.parameters))}}
+
+    def request_schema(self) -> dict[str, Any]:
+        """What the request's ``tools`` field carries: a frequent tool's full schema; for
+        a rare one a stub that takes any object, so the field never changes when a
+        schema is loaded (the arguments are checked by the loop, against the full one)."""
+        if self.tier is Tier.FREQUENT:
+            return self.full_schema()
+        return {"type": "function", "function": {
+            "name": self.name,
+            "description": f"{self.summary} Rare tool: its arguments are given by "
+                           f"tool_view(name={self.name!r}).",
+            "parameters": {"type": "object", "additionalProperties": True}}}
+
+
+_EXECUTE_PARAMETERS: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "the cell's Python code"}},
+    "required": ["code"], "additionalProperties": False}
+
+TOOL_SPECS: Final[tuple[ToolSpec, ...]] = (
+    ToolSpec("execute", Tier.FREQUENT,
+             "Run one Python cell through the Host (as a ```python block would); the result "
+             "is the cell's Observation.", _EXECUTE_PARAMETERS, "execute(code: str)"),
+    ToolSpec("finalize_response", Tier.FREQUENT, FINALIZE_TOOL["function"]["description"],
+             FINALIZE_TOOL["function"]["parameters"],
+             "finalize_response(completion_bullets: list[str] (1 to 4), summary?: str, "
+             "output?: object, task_status?: completed|partial|blocked|failed, "
+             "output_schema?: object, source_files?: list[path | {path, sha256}], "
+             "entry_points?: list[path], architecture_summary?: str, "
+             "test_evidence?: list[{command, producing_cell_id}])"),
+    ToolSpec("tool_view", Tier.FREQUENT,
+             "Load a rare tool's full arguments into the loaded-tools block of your context.",
+             {"type": "object", "properties": {"name": {"type": "string"}},
+              "required": ["name"], "additionalProperties": False},
+             "tool_view(name: str)"),
+    ToolSpec("list_skills", Tier.RARE,
+             "Page through the skills catalog: names and summaries, with the exact total and "
+             "next_offset while more remain.",
+             {"type": "object", "properties": {
+                 "collection": {"type": ["string", "null"],
+                                "enum": ["bundled", "user", "project", None],
+                                "description": "one collection, or null for all"},
+                 "offset": {"type": "integer", "minimum": 0}},
+              "additionalProperties": False}),
+    ToolSpec("search_skills", Tier.RARE,
+             "Find skills by literal word overlap with one or several queries; the best "
+             "matches come with their bodies.",
+             {"type": "object", "properties": {
+                 "query": {"anyOf": [
+                     {"type": "string", "minLength": 1},
+                     {"type": "array", "items": {"type": "string", "minLength": 1},
+                      "minItems": 1, "maxItems": 10}]}},
+              "required": ["query"], "additionalProperties": False}),
+    ToolSpec("skill_view", Tier.RARE, "Read one skill's whole body by its name.",
+             {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}},
+              "required": ["name"], "additionalProperties": False}),
+)
+
+#: The native tools by name.
+TOOLS_BY_NAME: Final[dict[str, ToolSpec]] = {t.name: t for t in TOOL_SPECS}
+#: The native tools sent in every turn's ``tools`` field, in order: byte-stable.
+TOOLS: Final[tuple[dict[str, Any], ...]] = tuple(t.request_schema() for t in TOOL_SPECS)
+
+
+def tool_map(specs: Sequence[ToolSpec] = TOOL_SPECS) -> str:
+    """The tools as the prefix shows them: frequent ones with their arguments, rare ones
+    on one line each."""
+    lines = ["Tools. Frequent, with their arguments:"]
+    lines += [f"- {t.sketch or t.name}: {t.summary}" for t in specs if t.tier is Tier.FREQUENT]
+    rare = [t for t in specs if t.tier is Tier.RARE]
+    if rare:
+        lines.append("Rare, one line each (tool_view(name) loads a rare tool's arguments; a "
+                     "call with wrong arguments loads them too):")
+        lines += [f"- {t.name}: {t.summary}" for t in rare]
     return "\n".join(lines)
 
 
-def system_prefix(tools: Sequence[Mapping[str, Any]] = TOOLS) -> str:
-    """``messages[0]``: persona, host API, security fragment, tool map. Constant per tool set."""
-    return "\n\n".join((PERSONA, HOST_API_REFERENCE, SECURITY_GENERAL, tool_map(tools)))
+#: The built-in seed of the system prompt (used when no layer has a SYSTEM.md).
+DEFAULT_SEED: Final[str] = PERSONA + "\n\n" + HOST_API_REFERENCE
+
+
+def host_block(catalog_lines: str | None = None,
+               specs: Sequence[ToolSpec] = TOOL_SPECS) -> str:
+    """The Host's fixed block, last of the system blocks: the security fragment, the
+    tool map and, when the catalog holds skills, the skill-retrieval rules and the
+    catalog lines. It is recorded in the prompt's log like the file blocks."""
+    parts = [SECURITY_GENERAL, tool_map(specs)]
+    if catalog_lines:
+        parts += [SKILL_RETRIEVAL, catalog_lines]
+    return "\n\n".join(parts)
+
+
+def system_prefix(catalog_lines: str | None = None) -> tuple[str, ...]:
+    """The system blocks of a session with no SYSTEM.md files: the seed, the Host block."""
+    return (DEFAULT_SEED, host_block(catalog_lines))
+
+
+def loaded_tools_block(names: Sequence[str]) -> str | None:
+    """The loaded-tools block: full schemas of the rare tools loaded so far, in load order."""
+    specs = [TOOLS_BY_NAME[n] for n in names if n in TOOLS_BY_NAME]
+    if not specs:
+        return None
+    lines = ["## Loaded tools (call them with these arguments)"]
+    for spec in specs:
+        lines.append(f"### {spec.name}\n{spec.summary}\n" + json.dumps(
+            spec.parameters, sort_keys=True, ensure_ascii=False))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- variable context
@@ -358,48 +487,6 @@ def estimate_tokens(messages: Sequence[Mapping[str, Any]],
     """A rough token count (4 characters a token) of messages and tool schemas."""
     chars = sum(len(_canonical(m)) for m in messages) + sum(len(_canonical(t)) for t in tools)
     return math.ceil(chars / 4)
-
-
-@dataclass
-class Conversation:
-    """The layers of one session, and the messages they render to.
-
-    ``system`` is fixed at construction and never reassigned: every request
-    of the session starts with the same ``messages[0]``. ``anchors`` changes
-    only when a fact in it does (the kernel generation after a restart).
-    ``summary`` is set by a compaction, which also drops the history it
-    summarised.
-    """
-
-    system: str
-    anchors: SessionAnchors
-    task_block: str
-    history: list[dict[str, Any]] = field(default_factory=list)
-    summary: str | None = None
-
-    def messages(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = [
-            {"role": "system", "content": self.system},
-            {"role": "user", "content": self.anchors.render() + "\n\n" + self.task_block},
-        ]
-        if self.summary is not None:
-            out.append({"role": "user", "content": self.summary})
-        out.extend(self.history)
-        return out
-
-    def layer_hashes(self, options: Mapping[str, Any]) -> dict[str, str | None]:
-        """sha256 of each layer as it stands: the ``prompt_rendered`` event's payload."""
-        base, _, _ = self.system.rpartition("\n\n")
-        return {
-            "messages[0]": sha256_text(self.system),
-            "base_system": sha256_text(base),
-            "tool_map": sha256_text(self.system[len(base) + 2:]),
-            "environment": sha256_text(self.anchors.render()),
-            "task": sha256_text(self.task_block),
-            "compaction_summary": None if self.summary is None else sha256_text(self.summary),
-            "history": sha256_text(_canonical(self.history)),
-            "request_options": sha256_text(_canonical(dict(options))),
-        }
 
 
 # ----------------------------------------------------------------------------- reading replies

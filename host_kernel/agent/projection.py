@@ -31,6 +31,7 @@ __all__ = [
     "ErrorSummary",
     "Projection",
     "Snapshot",
+    "SubtaskSummary",
     "TokenTotals",
     "ToolCallLifecycle",
     "VerdictSummary",
@@ -71,7 +72,8 @@ class CellLifecycle:
 
     proposal: str
     step: int
-    state: str  # proposed | running | ok | error | timeout | kernel_died | skipped
+    # proposed | running | ok | error | timeout | kernel_died | interrupted | skipped | host_died
+    state: str
     cell_id: str | None = None
     generation: int | None = None
     duration: float | None = None
@@ -84,7 +86,7 @@ class ToolCallLifecycle:
     call_id: str
     name: str
     step: int
-    state: str  # started | accepted | refused | error
+    state: str  # started | accepted | refused | ok | error
     detail: str | None = None
 
 
@@ -114,6 +116,20 @@ class CompactionState:
 
 
 @dataclass(frozen=True, slots=True)
+class SubtaskSummary:
+    """One sub-task the session delegated (host.delegate), and what it cost once collected."""
+
+    handle: str
+    state: str  # started | the child's outcome once collected
+    task: str | None = None
+    accepted: bool | None = None
+    session: str | None = None
+    cost_usd: float | None = None
+    priced: int = 0
+    unpriced: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the projection knows after some events. Frozen; holds tuples only."""
 
@@ -139,8 +155,24 @@ class Snapshot:
     gates: tuple[tuple[bool | None, bool], ...] = ()  # (asserts_result, backed) per gate
     errors: tuple[ErrorSummary, ...] = ()
     compaction: CompactionState = field(default_factory=CompactionState)
+    #: System prompt entries (append and replace) and how many were replace.
+    system_entries: int = 0
+    system_replaces: int = 0
+    messages: int = 0
+    resumes: int = 0
+    loaded_tools: tuple[str, ...] = ()
+    subtasks: tuple[SubtaskSummary, ...] = ()
     unknown_kinds: tuple[tuple[str, int], ...] = ()
     malformed: int = 0
+
+    @property
+    def spend_usd(self) -> float:
+        """The priced spend: this session's priced calls plus its collected sub-tasks'."""
+        return (self.costs.usd or 0.0) + sum(t.cost_usd or 0.0 for t in self.subtasks)
+
+    @property
+    def subtask_unpriced(self) -> int:
+        return sum(t.unpriced for t in self.subtasks)
 
     def cell(self, key: str) -> CellLifecycle | None:
         """A cell by proposal id or by the Host's cell id."""
@@ -169,7 +201,12 @@ class Snapshot:
                            if t.reported else "unknown")
             + f" (usage reported by {t.reported} of {t.reported + t.unreported} calls)",
             "cost      " + (f"${c.usd:.6f}" if c.usd is not None else "unknown")
-            + f" ({c.priced} priced, {c.unpriced} unpriced)",
+            + f" ({c.priced} priced, {c.unpriced} unpriced)"
+            + (f"; sub-tasks ${sum(t.cost_usd or 0.0 for t in self.subtasks):.6f} "
+               f"({self.subtask_unpriced} unpriced)" if self.subtasks else ""),
+            (f"system prompt  {self.system_entries} entries ({self.system_replaces} replace), "
+             f"resumed {self.resumes} time(s), loaded tools: "
+             f"{', '.join(self.loaded_tools) or 'none'}"),
             "largest prompt  " + (f"{self.largest_prompt} tokens" if self.largest_prompt
                                   is not None else "unknown"),
             f"kernel generation  {self.kernel_generation if self.kernel_generation else '?'}",
@@ -194,6 +231,11 @@ class Snapshot:
         for v in self.verdicts:
             what = "accepted" if v.accepted else "refused [" + ", ".join(v.failed) + "]"
             lines.append(f"  {v.submission_id} via {v.via}: {what}")
+        if self.subtasks:
+            lines.append(f"sub-tasks ({len(self.subtasks)}):")
+            for sub in self.subtasks:
+                cost = f", ${sub.cost_usd:.6f}" if sub.cost_usd is not None else ""
+                lines.append(f"  {sub.handle} {sub.state}{cost}: {_short(sub.task or '', 80)}")
         lines.append(f"errors ({len(self.errors)}):")
         for e in self.errors:
             lines.append(f"  {e.where}: {e.type}: {_short(e.message, 100)}")
@@ -376,6 +418,51 @@ def _nothing(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapsho
     return s
 
 
+def _system_prompt(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    replace = d["op"] == "replace"
+    return dataclasses.replace(s, system_entries=s.system_entries + 1,
+                               system_replaces=s.system_replaces + int(replace))
+
+
+def _message(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    return dataclasses.replace(s, messages=s.messages + 1)
+
+
+def _tool_loaded(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    name = str(d["name"])
+    if name in s.loaded_tools:
+        return s
+    return dataclasses.replace(s, loaded_tools=(*s.loaded_tools, name))
+
+
+def _session_resumed(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    generation = _int_or_none(d.get("generation"))
+    return dataclasses.replace(s, outcome=None, resumes=s.resumes + 1,
+                               kernel_generation=generation or s.kernel_generation)
+
+
+def _subtask_started(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    task = SubtaskSummary(str(d["handle"]), "started", d.get("task"))
+    return dataclasses.replace(s, subtasks=(*s.subtasks, task))
+
+
+def _subtask_finished(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
+    cost = d.get("cost_usd")
+    usd = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
+    tasks = list(s.subtasks)
+    for i, t in enumerate(tasks):
+        if t.handle == d["handle"]:
+            tasks[i] = dataclasses.replace(
+                t, state=str(d["outcome"]), accepted=bool(d.get("accepted")),
+                session=d.get("session"), cost_usd=usd, priced=int(d.get("priced") or 0),
+                unpriced=int(d.get("unpriced") or 0))
+            return dataclasses.replace(s, subtasks=tuple(tasks))
+    tasks.append(SubtaskSummary(str(d["handle"]), str(d["outcome"]), None,
+                                bool(d.get("accepted")), d.get("session"), usd,
+                                int(d.get("priced") or 0), int(d.get("unpriced") or 0)))
+    return dataclasses.replace(s, subtasks=tuple(tasks))
+
+
 _HANDLERS: Final[dict[str, Handler]] = {
     "session_started": _session_started,
     "session_ended": _session_ended,
@@ -395,6 +482,12 @@ _HANDLERS: Final[dict[str, Handler]] = {
     "compaction_started": _compaction_started,
     "compaction_completed": _compaction_completed,
     "error": _error,
+    "system_prompt": _system_prompt,
+    "message": _message,
+    "tool_loaded": _tool_loaded,
+    "session_resumed": _session_resumed,
+    "subtask_started": _subtask_started,
+    "subtask_finished": _subtask_finished,
 }
 
 

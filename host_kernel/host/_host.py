@@ -59,6 +59,7 @@ from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
+from . import _subtasks
 from ._bash import CommandContext, Redactor, kill_group, run_command
 from ._kernel import KernelGeneration, close_thread_loop, kernel_env, short_tempdir
 from ._lineage import CellIO, SessionLineage, confirm_with_llm
@@ -140,12 +141,16 @@ class Host:
         network: bool = True,
         require_confinement: bool = False,
         read_paths: tuple[str | os.PathLike[str], ...] = (),
+        hide_paths: tuple[str | os.PathLike[str], ...] = (),
         hide_env: tuple[str, ...] = (),
         reproduce_timeout: float | None = None,
         reproduce_memory: int | None = DEFAULT_MEMORY,
         trace: bool = True,
         pool: HostPool | None = None,
         spare: bool = False,
+        resume: str | None = None,
+        delegator: Any = None,
+        skills: Any = None,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -157,6 +162,9 @@ class Host:
         self.network = network
         self.require_confinement = require_confinement
         self.read_paths = tuple(str(p) for p in read_paths)
+        #: Folders the confined kernel may not even read (a sub-task's parent workspace,
+        #: all of it but the folder the sub-task works in).
+        self.hide_paths = tuple(str(p) for p in hide_paths)
         #: Names of the Host's own secrets, never put into the kernel's environment.
         self.hide_env = frozenset(hide_env) | _llm_key_names(llm)
         if reproduce_timeout is not None and (isinstance(reproduce_timeout, bool) or not
@@ -210,7 +218,17 @@ class Host:
         self.text_limit = text_limit
         self.startup_timeout = startup_timeout
         self.front = front
-        self.session_id = mint_uuid()
+        if resume is not None and (not isinstance(resume, str) or not resume):
+            raise BadArguments("resume must be the id of a session in the record, or None")
+        #: The session this Host takes up again instead of starting one (docs/agent.md).
+        self.resume_session = resume
+        self.session_id = resume or mint_uuid()
+        #: Starts and collects sub-tasks for host.delegate/host.collect (an agent session's
+        #: host_kernel.agent.delegation.Delegator); None: delegation is refused.
+        self.delegator = delegator
+        #: The skills catalog host.skills reads (host_kernel.skills.Catalog); loaded from
+        #: the three collections on first use when not given.
+        self.skills = skills
         self.workspace = Workspace(self.workdir, self.record_dir)
         self.redactor = Redactor(secret_names)
         #: An optional LLM client (host_kernel.llm.LLMClient) that may narrow lineage.
@@ -252,6 +270,9 @@ class Host:
             "cell_access": self._call_cell_access,
             "submit_output": self._call_submit_output,
             "lineage": self._call_lineage,
+            "skills": lambda cell, args, emit: _subtasks.skills_call(self, args),
+            "delegate": lambda cell, args, emit: _subtasks.start(self, cell, args),
+            "collect": lambda cell, args, emit: _subtasks.collect(self, cell, args),
         }
         #: seq → hash of every event this Host appended: the anchor that an edit of the
         #: SQLite file (even one that recomputes the whole chain) cannot move.
@@ -299,7 +320,8 @@ class Host:
             if confinement.active:
                 self._launch_env["HOST_KERNEL_CONFINED"] = "1"
                 self._policy = Policy.for_session(
-                    self.workdir, self._private_dir, [self.record_dir, *_llm_key_file(self.llm)],
+                    self.workdir, self._private_dir,
+                    [self.record_dir, *_llm_key_file(self.llm), *self.hide_paths],
                     network=self.network, extra_read=self.read_paths)
                 confinement = probe(self._policy, network=self.network)
                 if not confinement.active and self.require_confinement:
@@ -381,9 +403,13 @@ class Host:
     def _begin_session(self) -> None:
         """Record the session's start and start its first kernel generation.
 
-        The relay front overrides this to continue a session across its own restart
+        With ``resume`` the session named is taken up instead (:meth:`_take_up`). The
+        relay front overrides this to continue a session across its own restart
         (host_kernel/host/_relay_support.py).
         """
+        if self.resume_session is not None:
+            self._take_up(self.resume_session)
+            return
         self._append("session_started", {
             "workdir": str(self.workdir), "record_dir": str(self.record_dir),
             "mode": {"name": self.mode.name, "armed": self.mode.armed,
@@ -401,6 +427,71 @@ class Host:
         self._close_abandoned_sessions()
         self._start_generation("start")
 
+    def _take_up(self, session: str) -> None:
+        """Continue ``session`` of this record in a new kernel generation.
+
+        The chain must verify; the session must have been started from this workspace
+        and must not be running (its Host process gone, or its session ended). A session
+        whose Host died is first closed as the record closes any abandoned one (its
+        running cells finished ``host_died``), then a ``session_resumed`` event reopens
+        it, and the next generation starts with reason ``resume``. Nothing earlier is
+        rewritten: memory of the earlier generations is gone, and the record says so.
+        """
+        assert self.ledger is not None
+        problems = check_chain(self.ledger)
+        if problems:
+            raise RecordError(f"cannot resume session {session}: the record's chain is broken "
+                              f"({problems[0]}); `host-kernel audit {self.record_dir}`")
+        rows = self.ledger.query("SELECT seq, hash, kind, body FROM events WHERE session = ? "
+                                 "ORDER BY seq", (session,))
+        if not rows or rows[0]["kind"] != "session_started":
+            raise RecordError(f"no session {session} in the record {self.record_dir}",
+                              code="unknown_session")
+        started = json.loads(rows[0]["body"])
+        if started.get("workdir") != str(self.workdir):
+            raise RecordError(f"session {session} ran in {started.get('workdir')}, not in "
+                              f"{self.workdir}; resume it from its own workspace",
+                              code="unknown_session")
+        last_start = started
+        ended: str | None = None  # how the session last ended, None while it runs
+        generation = 0
+        for row in rows:
+            if row["kind"] in ("session_started", "session_resumed"):
+                last_start, ended = json.loads(row["body"]), None
+            elif row["kind"] == "session_ended":
+                ended = "host_died" if json.loads(row["body"]).get("reason") == "host_died" \
+                    else "ended"
+            elif row["kind"] == "generation_started":
+                generation = max(generation, int(json.loads(row["body"])["generation"]))
+        pid = last_start.get("pid")
+        if ended is None and (last_start.get("host") != socket.gethostname()
+                          or not isinstance(pid, int) or pid_alive(pid)):
+            raise RecordError(f"session {session} is still running (Host process {pid} on "
+                              f"{last_start.get('host')}); it can be resumed once it ends",
+                              code="session_running")
+        self._appended = {r["seq"]: r["hash"] for r in rows}
+        mode = started.get("mode") or {}
+        self.mode = TaskMode(str(mode.get("name")), bool(mode.get("armed")),
+                             tuple(mode.get("signals", ())))
+        self.request = started.get("request")
+        previous = ended or "host_died"
+        if ended is None:
+            for cell in self.ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
+                                          "status = 'running'", (session,)):
+                self._append("cell_finished", {
+                    "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
+                    "execution_count": None, "recovered_by": "resume"})
+            self._append("session_ended", {"reason": "host_died", "recovered_by": "resume"})
+        self._prior_generations = generation
+        self._append("session_resumed", {
+            "previous": previous, "host_version": _version.__version__, "front": self.front,
+            "pid": os.getpid(), "host": socket.gethostname(),
+            "confinement": None if self.confinement is None else self.confinement.to_dict(),
+            "kernel_env": sorted(self._launch_env),
+        })
+        self._close_abandoned_sessions()
+        self._start_generation("resume")
+
     def _close_abandoned_sessions(self) -> None:
         """Sessions whose Host died (killed, crashed) are closed in the record, once.
 
@@ -409,20 +500,22 @@ class Host:
         """
         assert self.ledger is not None
         me = socket.gethostname()
+        latest: dict[str, dict[str, Any]] = {}  # the Host process that holds each session
         for row in self.ledger.query(
                 "SELECT e.session, e.body FROM events e JOIN sessions s ON s.session = e.session "
-                "WHERE e.kind = 'session_started' AND s.ended IS NULL AND e.session != ?",
-                (self.session_id,)):
-            body = json.loads(row["body"])
+                "WHERE e.kind IN ('session_started', 'session_resumed') AND s.ended IS NULL "
+                "AND e.session != ? ORDER BY e.seq", (self.session_id,)):
+            latest[row["session"]] = json.loads(row["body"])
+        for session, body in latest.items():
             pid = body.get("pid")
             if body.get("host") != me or not isinstance(pid, int) or pid_alive(pid):
                 continue
             for cell in self.ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
-                                          "status = 'running'", (row["session"],)):
-                self.ledger.append(row["session"], "cell_finished", {
+                                          "status = 'running'", (session,)):
+                self.ledger.append(session, "cell_finished", {
                     "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
                     "execution_count": None, "recovered_by": self.session_id})
-            self.ledger.append(row["session"], "session_ended", {
+            self.ledger.append(session, "session_ended", {
                 "reason": "host_died", "recovered_by": self.session_id})
 
     def close(self) -> str | None:
@@ -1390,7 +1483,10 @@ class Host:
         return rows[0]
 
     def _call_load_artifact(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
-        row = self._artifact_row(args.get("artifact_id"))
+        artifact_id = args.get("artifact_id")
+        collected = _subtasks.collected_artifact(self, artifact_id) \
+            if isinstance(artifact_id, str) else None
+        row = collected if collected is not None else self._artifact_row(artifact_id)
         target = args.get("path") or row["filename"]
         assert self.blobs is not None
         try:

@@ -39,6 +39,7 @@ class CellIO:
     reads: list[str] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
     loads: list[tuple[str, str, str]] = field(default_factory=list)  # artifact, path, sha
+    collects: list[str] = field(default_factory=list)  # handles of sub-tasks collected
 
 
 class SessionLineage:
@@ -86,6 +87,10 @@ class SessionLineage:
         out: list[tuple[str, Source]] = []
         for artifact_id, path, sha in io.loads:
             out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
+        for handle in dict.fromkeys(io.collects):
+            # A collected result is a data conduit: what the cell builds from it comes
+            # from the sub-task (and, through it, from the inputs the sub-task read).
+            out.append((f"subtask:{handle}", Source(f"subtask:{handle}", OBSERVED, cell_id)))
         for read_at in dict.fromkeys([*reads, *io.reads]):
             hashed = self._hash(read_at)
             if hashed is None:
@@ -223,6 +228,8 @@ class SessionLineage:
                         hashed_at=self.hashed_at.get(s.identity, "cell_end"))
         elif kind == "artifact":
             item.update(artifact_id=rest, sha256=s.sha256)
+        elif kind == "subtask":
+            item.update(handle=rest)
         elif kind == "receipt":
             body = self.receipts.get(rest, {})
             item.update(receipt_id=rest, command=body.get("command"),

@@ -9,6 +9,7 @@ the kernel is a copy for display, and the Host verifies against its own record.
 from __future__ import annotations
 
 import base64
+import builtins
 import http.client
 import json
 import os
@@ -16,12 +17,13 @@ import socket
 import sys
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import BadArguments, HostCallError, SubmissionRefused, error_for_code
 from .._models import Artifact, FileRecord, Receipt, Verdict
 
-__all__ = ["HostClient"]
+__all__ = ["HostClient", "Skills", "Subtask", "SubtaskResult"]
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -76,7 +78,7 @@ class HostClient:
             conn = self._http.conn = _UnixConnection(self._socket_path)
         return conn
 
-    def _call(self, name: str, **args: Any) -> Any:
+    def _call(self, name: str, /, **args: Any) -> Any:
         body = json.dumps(args, ensure_ascii=False).encode("utf-8")
         result: Any = None
         error: dict[str, str] | None = None
@@ -205,6 +207,44 @@ class HostClient:
         """This session's artifacts, oldest first."""
         return [Artifact.from_dict(a) for a in self._call("artifacts")]
 
+    # -- skills
+
+    @property
+    def skills(self) -> Skills:
+        """The skills catalog, as the agent's skill tools give it: ``list``, ``search``,
+        ``get``."""
+        return Skills(self)
+
+    # -- sub-tasks
+
+    def delegate(self, task: str, inputs: Any = (), mode: str | None = None, *,
+                 folder: str | os.PathLike[str] | None = None,
+                 timeout: float | None = None) -> Subtask:
+        """Start a sub-task: a child agent session with its own Host, kernel and record.
+
+        ``inputs`` are workspace paths or artifact ids of this session; the child works
+        in ``folder`` (a sub-folder of the workspace holding the path inputs), or by
+        default in a fresh ``.subtasks/<handle>/`` holding copies of them. ``timeout``
+        bounds the child's wall-clock time (seconds). Returns at once; collect it.
+        """
+        if isinstance(inputs, (str, os.PathLike)):
+            inputs = [inputs]
+        try:
+            listed = [_path_arg(i) for i in inputs]
+        except TypeError:
+            raise BadArguments("delegate: inputs must be a list of paths or artifact ids") \
+                from None
+        return Subtask.from_dict(self._call(
+            "delegate", task=task, inputs=listed, mode=mode,
+            folder=None if folder is None else _path_arg(folder), timeout=timeout))
+
+    def collect(self, subtask: Subtask | str, timeout: float | None = None) -> SubtaskResult:
+        """Wait for a sub-task and return its result. A sub-task still running when
+        ``timeout`` (seconds) ends is cut, and its result says so."""
+        handle = subtask.handle if isinstance(subtask, Subtask) else subtask
+        return SubtaskResult.from_dict(self._call("collect", handle=handle, timeout=timeout),
+                                       self)
+
     # -- completion
 
     def submit_output(self, output: Any, completion_bullets: Any, *, task_status: Any = None,
@@ -257,3 +297,73 @@ def _jsonable(value: Any, key: str) -> Any:
 
 def _path_arg(path: Any) -> Any:
     return os.fspath(path) if isinstance(path, os.PathLike) else path
+
+
+class Skills:
+    """``host.skills``: the catalog of reviewed recipes (docs/agent.md, Skills)."""
+
+    def __init__(self, client: HostClient) -> None:
+        self._client = client
+
+    def __repr__(self) -> str:
+        return "<host.skills: list(collection=None, offset=0), search(query), get(name)>"
+
+    def list(self, collection: str | None = None,  # noqa: A003 - the catalog's verb
+             offset: int = 0) -> dict[str, Any]:
+        """One page: ``items`` (name, summary, collection, tags), ``total``, ``next_offset``."""
+        return dict(self._client._call("skills", op="list", collection=collection,
+                                       offset=offset))
+
+    def search(self, query: str | builtins.list[str]) -> builtins.list[dict[str, Any]]:
+        """Skills sharing literal words with the query (or queries), best first, with bodies."""
+        return list(self._client._call("skills", op="search", query=query))
+
+    def get(self, name: str) -> dict[str, Any]:
+        """One skill, with its ``body``."""
+        return dict(self._client._call("skills", op="get", name=name))
+
+
+@dataclass(frozen=True)
+class Subtask:
+    """A started sub-task: its handle, the folder it works in, its inputs."""
+
+    handle: str
+    folder: str
+    inputs: tuple[dict[str, Any], ...] = ()
+    state: str = "queued"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Subtask:
+        return cls(str(data["handle"]), str(data["folder"]),
+                   tuple(dict(i) for i in data.get("inputs", ())), str(data.get("state", "")))
+
+
+@dataclass(frozen=True)
+class SubtaskResult:
+    """What a collected sub-task returned, as the Host recorded it.
+
+    ``accepted`` is the child Host's verdict; ``output`` the accepted submission's output
+    (None when none was accepted); ``artifacts`` the child's artifacts (id, filename,
+    sha256, size), whose bytes the Host keeps: ``load(artifact_id, path=None)`` copies one
+    into this workspace.
+    """
+
+    handle: str
+    outcome: str
+    accepted: bool
+    output: Any = None
+    artifacts: tuple[dict[str, Any], ...] = ()
+    error: str | None = None
+    session: str | None = None
+    _client: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], client: Any = None) -> SubtaskResult:
+        return cls(str(data["handle"]), str(data["outcome"]), bool(data["accepted"]),
+                   data.get("output"), tuple(dict(a) for a in data.get("artifacts", ())),
+                   data.get("error"), data.get("session"), client)
+
+    def load(self, artifact_id: str, path: str | None = None) -> str:
+        if self._client is None:
+            raise BadArguments("this result is not attached to a Host")
+        return str(self._client.load_artifact(artifact_id, path))

@@ -39,7 +39,7 @@ MAX_NODES = 500
 @dataclass(frozen=True, slots=True)
 class LineageNode:
     id: str
-    kind: str  # artifact | file | cell | receipt
+    kind: str  # artifact | file | cell | receipt | subtask (a collected sub-task's result)
     label: str
     attrs: dict[str, Any] = field(default_factory=dict)
 
@@ -152,6 +152,7 @@ class Lineage(Displayed):
             "file": ('["', '"]'),
             "cell": ('(["', '"])'),
             "receipt": ('{{"', '"}}'),
+            "subtask": ('[/"', '"/]'),
         }
         out = ["flowchart RL"]
         for n in self.nodes:
@@ -163,7 +164,8 @@ class Lineage(Displayed):
         return "\n".join(out) + "\n"
 
     def to_dot(self) -> str:
-        shape = {"artifact": "box3d", "file": "note", "cell": "ellipse", "receipt": "hexagon"}
+        shape = {"artifact": "box3d", "file": "note", "cell": "ellipse", "receipt": "hexagon",
+                 "subtask": "component"}
         out = ["digraph lineage {", "  rankdir=RL;"]
         for n in self.nodes:
             out.append(
@@ -233,6 +235,8 @@ def _describe(node: LineageNode) -> str:
         return f"file {a.get('path')} (sha256 {str(a.get('sha256'))[:12]}…, hashed {a.get('hashed_at')})"
     if node.kind == "receipt":
         return f"command {a.get('command')!r} (exit {a.get('exit_status')}, receipt {a.get('receipt_id')})"
+    if node.kind == "subtask":
+        return f"{node.label} (outcome {a.get('outcome')}, session {a.get('session')})"
     return node.label
 
 
@@ -259,6 +263,7 @@ def build_lineage(
         r["receipt_id"]: json.loads(r["body"])
         for r in ledger.query("SELECT receipt_id, body FROM receipts")
     }
+    subtasks, collected = _subtasks(ledger)
 
     def add(node: LineageNode) -> bool:
         nonlocal truncated
@@ -277,6 +282,17 @@ def build_lineage(
         done.add(aid)
         rows = ledger.query("SELECT * FROM artifacts WHERE artifact_id = ?", (aid,))
         if not rows:
+            made_by = collected.get(aid)
+            if made_by is not None:  # an artifact a collected sub-task made
+                handle, artifact = made_by
+                anode = f"artifact:{aid}"
+                nodes[anode] = LineageNode(anode, "artifact", artifact.get("filename") or aid, {
+                    "artifact_id": aid, "sha256": artifact.get("sha256"),
+                    "size": artifact.get("size"), "subtask": handle})
+                snode = _subtask_node(handle, subtasks)
+                if add(snode):
+                    edges.append(LineageEdge(anode, snode.id, "wasDerivedFrom"))
+                    queue += _subtask_upstream(snode, subtasks, add, edges)
             continue
         row = rows[0]
         anode = f"artifact:{aid}"
@@ -301,6 +317,8 @@ def build_lineage(
         truncated = truncated or bool(lineage.get("truncated"))
         for item in lineage.get("inputs", []):
             inode = _input_node(item, receipts)
+            if inode is not None and inode.kind == "subtask":
+                inode = _subtask_node(item["handle"], subtasks)
             if inode is None or not add(inode):
                 continue
             edges.append(LineageEdge(anode, inode.id, "wasDerivedFrom", item.get("method")))
@@ -309,6 +327,8 @@ def build_lineage(
                 edges.append(LineageEdge(f"cell:{via}", inode.id, "used"))
             if inode.kind == "artifact":
                 queue.append(item["artifact_id"])
+            elif inode.kind == "subtask":
+                queue += _subtask_upstream(inode, subtasks, add, edges)
     return Lineage(
         f"artifact:{artifact_id}", tuple(nodes.values()), tuple(_dedupe(edges)), truncated
     )
@@ -321,7 +341,53 @@ def _dedupe(edges: Iterable[LineageEdge]) -> list[LineageEdge]:
     return list(seen.values())
 
 
+def _subtasks(ledger: Ledger) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each sub-task by handle (its start, and its last collection merged in), and each
+    collected child artifact id → (handle, artifact)."""
+    subtasks: dict[str, dict[str, Any]] = {}
+    collected: dict[str, Any] = {}
+    for row in ledger.query("SELECT kind, body FROM events WHERE kind IN "
+                            "('subtask_started', 'subtask_collected') ORDER BY seq"):
+        body = json.loads(row["body"])
+        handle = body.get("handle")
+        if not isinstance(handle, str):
+            continue
+        subtasks.setdefault(handle, {}).update(body)
+        for artifact in body.get("artifacts", ()) if row["kind"] == "subtask_collected" else ():
+            collected[artifact["artifact_id"]] = (handle, artifact)
+    return subtasks, collected
+
+
+def _subtask_node(handle: str, subtasks: dict[str, dict[str, Any]]) -> LineageNode:
+    body = subtasks.get(handle, {})
+    task = str(body.get("task") or "")
+    label = f"sub-task {handle}: {task[:60]}" + ("…" if len(task) > 60 else "")
+    return LineageNode(f"subtask:{handle}", "subtask", label, {
+        "handle": handle, "task": task, "outcome": body.get("outcome"),
+        "accepted": body.get("accepted"), "session": body.get("session"),
+        "record_dir": body.get("record_dir"), "folder": body.get("folder")})
+
+
+def _subtask_upstream(node: LineageNode, subtasks: dict[str, dict[str, Any]],
+                      add: Callable[[LineageNode], bool], edges: list[LineageEdge]) -> list[str]:
+    """Link a sub-task to the inputs its artifacts were built from; answers the artifact
+    ids among them, to walk further up."""
+    more: list[str] = []
+    body = subtasks.get(node.attrs["handle"], {})
+    for read in body.get("read_inputs", ()):
+        inode = _input_node(read, {})
+        if inode is None or not add(inode):
+            continue
+        edges.append(LineageEdge(node.id, inode.id, "wasDerivedFrom", "subtask"))
+        if inode.kind == "artifact":
+            more.append(read["artifact_id"])
+    return more
+
+
 def _input_node(item: dict[str, Any], receipts: dict[str, Any]) -> LineageNode | None:
+    if item.get("handle"):
+        return LineageNode(f"subtask:{item['handle']}", "subtask", f"sub-task {item['handle']}",
+                           {"handle": item["handle"]})
     if item.get("artifact_id"):
         return LineageNode(
             f"artifact:{item['artifact_id']}",

@@ -48,6 +48,7 @@ _COLOURS = {
     "file": "#54a24b",
     "cell": "#f58518",
     "receipt": "#b279a2",
+    "subtask": "#e45756",
 }
 _OTHER_COLOUR = "#888888"
 

@@ -313,6 +313,9 @@ def project(conn: sqlite3.Connection, seq: int, session: str, ts: float, kind: s
         )
     elif kind == "session_ended":
         conn.execute("UPDATE sessions SET ended = ? WHERE session = ?", (ts, session))
+    elif kind == "session_resumed":
+        # A new Host process took the session up again (host-kernel run --resume).
+        conn.execute("UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
     elif kind == "generation_started":
         conn.execute(
             "INSERT INTO generations VALUES (?,?,?,?,?)",

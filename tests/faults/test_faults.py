@@ -9,24 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from _helpers import wait_for
 
 from host_kernel import Host
 from host_kernel._paths import default_record_dir
 from host_kernel.audit import audit
 from host_kernel.store.ledger import SQLiteLedger, check_chain
-
-
-def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _gone(pid: int) -> bool:
@@ -121,7 +112,7 @@ def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-un
                             env={**os.environ, "TMPDIR": str(runtime)})
     try:
         info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
-        _wait(until, 60, f"the Host to be busy ({mode})")
+        wait_for(until, 60, f"the Host to be busy ({mode})")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -131,7 +122,7 @@ def _killed_host(workdir: Path, mode: str, until) -> dict:  # type: ignore[no-un
         proc.stdout.close()  # type: ignore[union-attr]
     # The sandbox's init sees the Host's end of its socket close and takes the kernel
     # down; unconfined, ipykernel polls its parent and exits on its own.
-    _wait(lambda: _gone(info["kernel"]), 15, "the orphaned kernel to exit")
+    wait_for(lambda: _gone(info["kernel"]), 15, "the orphaned kernel to exit")
     shutil.rmtree(runtime)
     return info  # type: ignore[no-any-return]
 
