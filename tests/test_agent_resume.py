@@ -24,7 +24,7 @@ from _helpers import wait_for
 from scripted_llm import ScriptedLLMServer
 
 from host_kernel import Host
-from host_kernel._errors import HostKernelError
+from host_kernel._errors import HostKernelError, RecordError
 from host_kernel._paths import default_record_dir
 from host_kernel.agent.events import EVENTS_FILE, read_records, sessions_in
 from host_kernel.agent.loop import Outcome
@@ -349,3 +349,21 @@ def test_every_abandoned_session_is_closed_as_its_own(ws: Path, tmp_path: Path) 
     assert [(b["cell_id"], b["status"]) for b in finished] == [("c-b", "host_died")]
     assert not [b for k, b in ledger_events(record, "abandoned-a") if k == "cell_finished"]
     assert [k for k, _ in ledger_events(record, first)][-1] == "session_ended"
+
+
+def test_a_session_taken_up_by_a_live_host_cannot_be_taken_up_again(ws: Path,
+                                                                    tmp_path: Path) -> None:
+    record = tmp_path / "record"
+    with Host(ws, record_dir=record) as first:
+        session = first.session_id
+    with Host(ws, record_dir=record, resume=session) as again:
+        assert again.generation == 2
+        with pytest.raises(RecordError, match="session_running"):
+            Host(ws, record_dir=record, resume=session).start()
+        assert again.execute("print('still mine')").status == "ok"
+    with Host(ws, record_dir=record, resume=session) as third:
+        assert third.generation == 3
+    report = audit(record)
+    assert report.clean, [str(f) for f in report.findings]
+    kinds_seen = [k for k, _ in ledger_events(record, session)]
+    assert kinds_seen.count("session_resumed") == 2

@@ -208,3 +208,18 @@ def test_host_skills_inside_a_cell(ws: Path) -> None:
     assert "top load-tabular-data" in seen
     assert "body # fixture-01\nBody of fixture-01." in seen
     assert "BadArguments" in seen
+
+
+def test_a_reply_with_a_lone_surrogate_is_kept_as_a_replacement_character(ws: Path) -> None:
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "execute", "arguments": json.dumps({"code": "print('ok')"})}}
+    raw = json.dumps({"choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "thinking \ud83d", "tool_calls": [call]},
+        "finish_reason": "tool_calls"}]})
+    script = [(200, raw.encode(), {"Content-Type": "application/json"}), finalize("fine")]
+    with ScriptedLLMServer(script) as server:
+        result = run(server, ws, "survive an odd reply")
+    assert result.accepted, result.reason
+    models = [r["data"]["message"]["content"] for r in read_records(result.events_path)
+              if r and r["kind"] == "message" and r["data"]["source"] == "model"]
+    assert models[0] == "thinking \ufffd"

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _agent import fence, finalize, run, text, turns
+from _helpers import wait_for
 from scripted_llm import ScriptedLLMServer
 
 from host_kernel import Host
+from host_kernel._paths import default_record_dir
 from host_kernel.agent.delegation import DelegationConfig
+from host_kernel.agent.events import EVENTS_FILE, read_records
 from host_kernel.agent.loop import Outcome
 from host_kernel.audit import audit
 from host_kernel.lineage.graph import record_lineage
@@ -101,12 +105,18 @@ def test_two_subtasks_combined_into_one_artifact_name_both_in_its_lineage(ws: Pa
     rows = subtask_rows(result.record_dir)
     started = [b for k, b in rows if k == "subtask_started"]
     assert [b["inputs"][0]["from"] for b in started] == ["data/a.csv", "data/b.csv"]
-    assert all(b["folder"].startswith(".subtasks/") for b in started)
+    assert all(Path(b["folder"]).parent == result.record_dir / "subtasks" / b["handle"]
+               for b in started)
     for body in started:  # each child has its own record, under the parent's
         child = Path(body["record_dir"])
-        assert child.parent == result.record_dir / "subtasks"
+        assert child.parent.parent == result.record_dir / "subtasks"
         report = audit(child)
         assert report.clean and report.submissions == 1, [str(f) for f in report.findings]
+        (started_child,) = [r for r in read_records(child / EVENTS_FILE)
+                            if r and r["kind"] == "session_started"]
+        assert started_child["data"]["parent"] == {
+            "session": result.session_id, "cell_id": body["cell_id"],
+            "handle": body["handle"], "record_dir": str(result.record_dir)}
     report = audit(result.record_dir)
     assert report.clean, [str(f) for f in report.findings]
 
@@ -153,44 +163,56 @@ def test_collect_with_a_timeout_cuts_a_child_that_is_still_running(ws: Path) -> 
     assert "outcome timeout" in seen and "collect's timeout of 1 s" in seen
 
 
-def test_a_child_cannot_write_the_parents_workspace_outside_its_folder(ws: Path) -> None:
+def test_a_child_reaches_only_its_own_folder(ws: Path) -> None:
+    """The child works on copies in a folder of the parent's record: it can neither write
+    nor read the parent's workspace or record, and nothing it does changes them."""
     confinement = probe(None)
     if not confinement.active:
         pytest.skip(f"LOUD SKIP: no Landlock here ({confinement.reason}); a child's raw "
-                    f"writes outside its folder cannot be stopped without it")
+                    f"reads and writes outside its folder cannot be stopped without it")
     (ws / "given").mkdir()
     (ws / "given" / "in.txt").write_text("input\n")
+    record = default_record_dir(ws)
+    outside = [str(ws / "data" / "a.csv"), str(ws / "escape.txt"),
+               str(record / "ledger.sqlite"), str(record / "record.key")]
     child = fence(
-        "try:\n    open('../data/a.csv').read()\n    print('READ the parent')\n"
-        "except OSError as exc:\n    print('unreadable', type(exc).__name__)\n"
-        "for target in ('../escape.txt', '../data/a.csv'):\n"
-        "    try:\n"
-        "        open(target, 'w').write('overwritten')\n"
-        "        print('WROTE', target)\n"
-        "    except OSError as exc:\n"
-        "        print('refused', target, type(exc).__name__)\n"
+        f"for path in {outside!r}:\n"
+        "    for how in ('r', 'a'):\n"
+        "        try:\n"
+        "            open(path, how).close()\n"
+        "            print('OPENED', how, path)\n"
+        "        except OSError as exc:\n"
+        "            print('refused', how, type(exc).__name__)\n"
         "try:\n    host.write_file('../escape2.txt', 'x')\n"
         "except Exception as exc:\n    print('host refused', type(exc).__name__)\n"
         "try:\n    host.delegate('SUBTASK-GRANDCHILD: nested')\n"
         "except Exception as exc:\n    print('nested refused', exc)\n"
-        "open('out.txt', 'w').write(open('in.txt').read().upper())\nprint('wrote out.txt')")
-    parent = fence("h = host.delegate('SUBTASK-FENCED: try to escape', inputs=['given/in.txt'],"
-                   " folder='given')\nr = host.collect(h, timeout=120)\nprint(r.outcome)")
+        "text = open('given/in.txt').read()\nopen('given/in.txt', 'w').write('changed')\n"
+        "open('out.txt', 'w').write(text.upper())\nprint('wrote out.txt')")
+    parent = fence("h = host.delegate('SUBTASK-FENCED: try to escape', inputs=['given'])\n"
+                   "r = host.collect(h, timeout=120)\nprint(r.outcome)")
     with ScriptedLLMServer([text(parent), finalize("fenced")],
                            routes={"SUBTASK-FENCED": [text(child), finalize("tried")]}) as server:
         result = run(server, ws, "delegate to a fenced child")
         child_saw = str([b for b in turns(server) if "SUBTASK-FENCED" in task_of(b)][-1][
             "messages"][-1]["content"])
     assert result.accepted, result.reason
-    assert "WROTE" not in child_saw and "READ the parent" not in child_saw
-    assert "unreadable PermissionError" in child_saw
-    assert "refused ../escape.txt PermissionError" in child_saw
-    assert "refused ../data/a.csv PermissionError" in child_saw
-    assert "host refused" in child_saw and "delegation_refused" in child_saw
+    assert "OPENED" not in child_saw, child_saw
+    assert child_saw.count("refused r PermissionError") == 3, child_saw  # escape.txt: absent
+    assert child_saw.count("refused a PermissionError") == 4, child_saw
+    assert "host refused PathRefused" in child_saw
+    assert "nested refused" in child_saw and "delegation_refused" in child_saw
     assert "wrote out.txt" in child_saw
     assert not (ws / "escape.txt").exists() and not (ws / "escape2.txt").exists()
     assert (ws / "data" / "a.csv").read_text() == "x\n1\n2\n"
-    assert (ws / "given" / "out.txt").read_text() == "INPUT\n"
+    assert (ws / "given" / "in.txt").read_text() == "input\n"  # the child changed its copy
+    assert not (ws / "given" / "out.txt").exists()
+    (started,) = [b for k, b in subtask_rows(result.record_dir) if k == "subtask_started"]
+    folder = Path(started["folder"])
+    assert folder.parent.parent == result.record_dir / "subtasks"
+    assert (folder / "out.txt").read_text() == "INPUT\n"
+    assert started["inputs"] == [{"from": "given/in.txt", "path": "given/in.txt",
+                                  "sha256": started["inputs"][0]["sha256"], "size": 6}]
 
 
 def test_concurrency_is_bounded(ws: Path) -> None:
@@ -266,7 +288,7 @@ def test_the_dataflow_provenance_prompt_gets_collected_results_as_candidates(
 
     # The provenance prompt shows the cell's code, task text included: the child is told
     # apart by its workspace, which only its own environment block names.
-    child = {"/.subtasks/st-": [finalize("seven")]}
+    child = {"/subtasks/st-": [finalize("seven")]}
     with ScriptedLLMServer([provenance], routes=child) as server, \
             LLMClient(LLMConfig(server.base_url, "m")) as llm:
         delegator = Delegator(llm, DelegationConfig())
@@ -284,3 +306,30 @@ def test_the_dataflow_provenance_prompt_gets_collected_results_as_candidates(
     (subtask,) = [n for n in graph.nodes if n.kind == "subtask"]
     (edge,) = [e for e in graph.edges if e.dst == subtask.id and e.relation == "wasDerivedFrom"]
     assert edge.method == "llm-confirmed"
+
+
+def test_closing_the_host_cuts_its_running_subtasks(ws: Path) -> None:
+    """A Host given a delegator (the Python API) ends its children when it closes: each
+    child's record is closed and no thread or kernel of theirs is left."""
+    from host_kernel.agent.delegation import Delegator
+    from host_kernel.llm import LLMClient, LLMConfig
+
+    hang = [text(fence("import time\ntime.sleep(600)"))]
+    with ScriptedLLMServer([], routes={"/subtasks/st-": hang}) as server, \
+            LLMClient(LLMConfig(server.base_url, "m")) as llm:
+        delegator = Delegator(llm, DelegationConfig())
+        host = Host(ws, delegator=delegator).start()
+        delegator.attach(host)
+        obs = host.execute("h = host.delegate('wait forever')\nprint(h.handle)")
+        assert obs.status == "ok", obs.text
+        handle = obs.text.strip()
+        wait_for(lambda: server.requests, 60, "the child to ask its model")
+        t0 = time.monotonic()
+        host.close()
+        assert time.monotonic() - t0 < 60
+    child = delegator._children[handle]
+    assert child.done.is_set() and child.outcome == "timeout"
+    assert not [t for t in threading.enumerate() if t.name.startswith("subtask-")]
+    (started,) = [b for k, b in subtask_rows(host.record_dir) if k == "subtask_started"]
+    with SQLiteLedger(Path(started["record_dir"]) / "ledger.sqlite") as ledger:
+        assert ledger.query("SELECT count(*) FROM sessions WHERE ended IS NULL")[0][0] == 0

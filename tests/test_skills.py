@@ -402,3 +402,24 @@ def test_the_bundled_recipes_cover_the_core_topics(bundled: Catalog) -> None:
     for query in ["csv encoding dtypes", "pytest submit_output", "matplotlib lineage",
                   "receipt exit_status", "restart generation", "audit record"]:
         assert bundled.search(query), query
+
+
+def test_the_project_collection_follows_no_symlink(tmp_path: Path) -> None:
+    """A link in the workspace's .host_kernel/skills is not followed: the Host would
+    otherwise read a file the kernel may not."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "leak.md").write_text("---\nname: leak\nsummary: s\n---\nTOP-SECRET\n")
+    workdir = tmp_path / "ws"
+    skills = workdir / ".host_kernel" / "skills"
+    skills.mkdir(parents=True)
+    (skills / "leak.md").symlink_to(hidden / "leak.md")
+    catalog = Catalog.default(workdir, user_dir=tmp_path / "user")
+    assert "leak" not in [s.name for s in catalog.skills]
+    assert any("symlink" in p.reason for p in catalog.problems)
+    (skills / "leak.md").unlink()
+    skills.rmdir()
+    skills.symlink_to(hidden)  # the folder itself a link
+    catalog = Catalog.default(workdir, user_dir=tmp_path / "user")
+    assert "leak" not in [s.name for s in catalog.skills]
+    assert any("symlink" in p.reason for p in catalog.problems)

@@ -303,3 +303,24 @@ def test_join_single_strips_trailing_newlines_and_separates_with_a_rule() -> Non
     assert join_single(("a\n\n", "b\r\n", "c")) == "a\n\n---\n\nb\n\n---\n\nc"
     assert join_single(("only\n",)) == "only"
     assert join_single(()) == ""
+
+
+def test_a_symlink_in_the_project_layer_is_refused_not_followed(tmp_path: Path) -> None:
+    """The project layer is in the workspace, which the kernel can write: a link there
+    must not make the Host read (and send to the model) a file the kernel cannot."""
+    secret = tmp_path / "hidden" / "key.txt"
+    secret.parent.mkdir()
+    secret.write_text("sk-SECRET\n")
+    workdir = tmp_path / "ws"
+    (workdir / ".host_kernel").mkdir(parents=True)
+    (workdir / ".host_kernel" / "APPEND_SYSTEM.md").symlink_to(secret)
+    lay = Layers(base=tmp_path / "base", user=tmp_path / "user",
+                 project=workdir / ".host_kernel")
+    with pytest.raises(SystemPromptError, match="symlink"):
+        resolve_blocks(lay, "seed")
+    (workdir / ".host_kernel" / "APPEND_SYSTEM.md").unlink()
+    (workdir / ".host_kernel").rmdir()
+    (workdir / ".host_kernel").symlink_to(secret.parent)  # the folder itself a link
+    (secret.parent / "SYSTEM.md").write_text("from outside\n")
+    with pytest.raises(SystemPromptError, match="symlink"):
+        resolve_blocks(lay, "seed")

@@ -79,6 +79,8 @@ class _Child:
     error: str | None = None
     cut_reason: str | None = None
     state: str = "queued"  # queued | running | done
+    #: run_agent returned (or failed): a cut after this changes nothing.
+    finished: bool = False
     deadline: float | None = None
     thread: threading.Thread | None = None
 
@@ -123,19 +125,30 @@ class Delegator:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._reserved = 0
 
     def attach(self, host: Any) -> None:
         """The parent Host (kept for the record; the children have Hosts of their own)."""
         self.host = host
 
-    def refusal(self) -> str | None:
-        """Why this session may not delegate now, or None."""
+    def reserve(self) -> str | None:
+        """Take one of the session's sub-task places; or why none may be taken now.
+
+        Checked and counted under one lock, so calls from several kernel threads at
+        once cannot pass ``max_total`` together."""
+        with self._lock:
+            why = self._refusal()
+            if why is None:
+                self._reserved += 1
+            return why
+
+    def _refusal(self) -> str | None:
         if self.config.depth >= self.config.max_depth:
             return (f"delegation refused: this session is at depth {self.config.depth} and the "
                     f"limit is {self.config.max_depth} level(s) of sub-tasks; do the work here")
         if self._closed.is_set():
             return "delegation refused: the session is ending"
-        if len(self._children) >= self.config.max_total:
+        if self._reserved >= self.config.max_total:
             return (f"delegation refused: this session already started "
                     f"{self.config.max_total} sub-tasks, the most it may")
         return None
@@ -146,12 +159,13 @@ class Delegator:
     # -- running
 
     def launch(self, handle: str, task: str, *, workdir: Path, record_dir: Path,
-               mode: str | None, timeout: float | None, hide: Path | None = None) -> str:
+               mode: str | None, timeout: float | None, hide: tuple[Path, ...] = (),
+               parent: dict[str, str] | None = None) -> str:
         """Start the child's thread; it runs once a slot is free. Returns its state."""
         limit = min(timeout, self.config.timeout) if timeout is not None else self.config.timeout
         child = _Child(handle, task, limit)
         child.thread = threading.Thread(
-            target=self._run, args=(child, workdir, record_dir, mode, hide),
+            target=self._run, args=(child, workdir, record_dir, mode, hide, parent),
             name=f"subtask-{handle}", daemon=True)
         with self._lock:
             self._children[handle] = child
@@ -163,7 +177,7 @@ class Delegator:
         return child.state
 
     def _run(self, child: _Child, workdir: Path, record_dir: Path, mode: str | None,
-             hide: Path | None) -> None:
+             hide: tuple[Path, ...], parent: dict[str, str] | None) -> None:
         from .loop import run_agent
 
         acquired = False
@@ -180,22 +194,27 @@ class Delegator:
             def seen(host: Any) -> None:
                 child.host = host
 
-            child.result = run_agent(
+            result = run_agent(
                 child.task, workdir=workdir, mode=mode, llm=self.llm, record_dir=record_dir,
                 max_steps=self.config.max_steps, cell_timeout=self.config.cell_timeout,
                 prices=self.prices, spare=False, delegation=config, cancel=child.cancel,
-                on_host=seen, hide_paths=() if hide is None else (hide,),
-                system_layers=self.system_layers, skills=self.skills)
-            if child.result.reason and child.result.outcome.value != "accepted":
-                child.error = child.result.reason
+                on_host=seen, hide_paths=hide,
+                system_layers=self.system_layers, skills=self.skills, parent=parent)
+            with self._lock:  # from here a cut comes too late to change anything
+                child.result = result
+                child.finished = True
+            if result.reason and result.outcome.value != "accepted":
+                child.error = result.reason
         except BaseException as exc:  # noqa: BLE001 - handed to the parent as a failure
             child.error = f"{type(exc).__name__}: {exc}"
         finally:
             if acquired:
                 self._slots.release()
-            if child.cut_reason is not None:
-                child.error = child.cut_reason
-            child.state = "done"
+            with self._lock:
+                child.finished = True
+                if child.cut_reason is not None:
+                    child.error = child.cut_reason
+                child.state = "done"
             child.done.set()
 
     def _watch(self) -> None:
@@ -210,9 +229,10 @@ class Delegator:
     def cut(self, handle: str, reason: str) -> None:
         """Stop a child: cancel its loop, interrupt its kernel, kill it if it holds on."""
         child = self._children[handle]
-        if child.done.is_set() or child.cut_reason is not None:
-            return
-        child.cut_reason = reason
+        with self._lock:
+            if child.finished or child.cut_reason is not None:
+                return
+            child.cut_reason = reason
         child.cancel.set()
         threading.Thread(target=self._stop_kernel, args=(child,), daemon=True).start()
 
@@ -231,18 +251,22 @@ class Delegator:
 
     def wait(self, handle: str, timeout: float | None,
              alive: Callable[[], bool] = lambda: True) -> _Child | None:
-        """The finished child; a child still running when ``timeout`` ends is cut first.
-        None when ``alive()`` turns false (the collecting cell stopped)."""
+        """The child once it has ended and closed its record; a child still running when
+        ``timeout`` ends is cut first, then waited for (its session closes, its kernel is
+        stopped). None when ``alive()`` turns false (the collecting cell stopped) before."""
         child = self._children[handle]
         end = None if timeout is None else time.monotonic() + timeout
+        cut_at: float | None = None
         while not child.done.wait(0.1):
             if not alive():
                 return None
-            if end is not None and time.monotonic() >= end:
+            now = time.monotonic()
+            if cut_at is None and end is not None and now >= end:
                 self.cut(handle, f"collect's timeout of {timeout:g} s ended before the "
                                  f"sub-task did; it was cut")
-                child.done.wait(CLOSE_WAIT)
-                break
+                cut_at = now
+            elif cut_at is not None and now - cut_at > CLOSE_WAIT:
+                break  # still closing: the caller reads no record of it
         return child
 
     def shutdown(self) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -69,6 +70,7 @@ __all__ = [
 EVENTS_FILE: Final[str] = "agent-events.ndjson"
 #: Version of the record layout written by :class:`EventLog`.
 RECORD_VERSION: Final[int] = 1
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 # ----------------------------------------------------------------------------- event types
@@ -97,6 +99,9 @@ class SessionStarted(AgentEvent):
     token_budget: int
     stream: bool
     system_style: str = "separate"  # separate | single (agent/conversation.py)
+    #: For a sub-task: the parent's session, the cell that delegated, the handle, the
+    #: parent's record folder. None for a session started by a person.
+    parent: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +402,9 @@ class EventLog:
                       "session": self.session, "kind": event.kind, "data": event.data()}
             line = json.dumps(record, ensure_ascii=False, separators=(",", ":"),
                               allow_nan=False, default=str)
+            # A lone surrogate (a model can send one, escaped, in its JSON) cannot be
+            # written as UTF-8: it is kept as U+FFFD, in the file and for the listeners.
+            line = _SURROGATE.sub("\ufffd", line)
             self._file.write(line + "\n")
             self._file.flush()
             written: dict[str, Any] = json.loads(line)

@@ -167,9 +167,9 @@ architecture_summary=None, test_evidence=None) -> Verdict; raises \
 SubmissionRefused listing every failed check.
 - host.skills.list(collection=None, offset=0), host.skills.search(query), \
 host.skills.get(name): the skills catalog, as the skill tools give it.
-- host.delegate(task, inputs=[paths or artifact ids], mode=None, folder=None, \
+- host.delegate(task, inputs=[paths, folders or artifact ids], mode=None, \
 timeout=None) -> Subtask: start a sub-task (a child agent with its own kernel and \
-record) on a sub-folder holding copies of the inputs; host.collect(subtask, \
+record) on copies of the inputs, in a folder of its own; host.collect(subtask, \
 timeout=None) -> SubtaskResult (.accepted, .output, .artifacts, .error); \
 result.load(artifact_id, path=None) copies one of its artifacts into the workspace.
 - host.cell_id, host.generation, host.mode: where you are."""

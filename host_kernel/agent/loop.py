@@ -281,7 +281,8 @@ class _Session:
                  on_progress: Callable[[dict[str, Any]], None] | None,
                  blocks: list[Block], system_style: str | None, catalog: Any,
                  budget_usd: float | None, earlier: list[dict[str, Any]] | None,
-                 follow_up: str | None, cancel: threading.Event | None) -> None:
+                 follow_up: str | None, cancel: threading.Event | None,
+                 parent: dict[str, str] | None = None) -> None:
         self.host = host
         self.worker = worker
         self.llm = llm
@@ -299,6 +300,7 @@ class _Session:
         self.budget_usd = budget_usd
         self.follow_up = follow_up
         self.cancel = cancel
+        self.parent = parent
         config = getattr(llm, "config", None)
         self.model: str | None = getattr(config, "model", None)
         self.projection = Projection()
@@ -349,7 +351,7 @@ class _Session:
                 self.log.emit(SessionStarted(self.task, mode.name, mode.armed, self.model,
                                              str(host.workdir), str(host.record_dir),
                                              self.max_steps, self.token_budget, self.stream,
-                                             self.conv.system_style))
+                                             self.conv.system_style, self.parent))
                 for entry in initial_entries(self.blocks):
                     self.log.emit(SystemPromptEntry(entry.op, entry.text, entry.source))
                 self.log.emit(UserInput(self.task))
@@ -839,6 +841,7 @@ def run_agent(
     cancel: threading.Event | None = None,
     on_host: Callable[[Host], None] | None = None,
     hide_paths: tuple[str | Path, ...] = (),
+    parent: dict[str, str] | None = None,
 ) -> AgentResult:
     """Run one agent session on ``task`` in ``workdir`` and return how it ended.
 
@@ -866,7 +869,8 @@ def run_agent(
     False) bounds ``host.delegate``. ``cancel``, when set, cuts the session before
     its next model call; ``on_host`` sees the started Host (for a parent that may
     have to interrupt its kernel); ``hide_paths`` are folders the confined kernel may
-    not read (a sub-task's parent workspace).
+    not read (a sub-task's parent workspace); ``parent`` links a sub-task's events to
+    the session and cell that delegated it.
     """
     from ..skills import Catalog
     from .delegation import DelegationConfig, Delegator
@@ -933,7 +937,8 @@ def run_agent(
                            cell_timeout=cell_timeout, prices=prices, on_progress=on_progress,
                            blocks=blocks, system_style=system_style, catalog=catalog,
                            budget_usd=budget_usd, earlier=earlier,
-                           follow_up=task if resume is not None else None, cancel=cancel)
+                           follow_up=task if resume is not None else None, cancel=cancel,
+                           parent=parent)
         return session.run()
     finally:
         if delegator is not None:

@@ -285,14 +285,46 @@ class Layers:
         return (("base", self.base), ("user", self.user), ("project", self.project))
 
 
+def _read_project(folder: Path, filename: str) -> bytes | None:
+    """The project layer's file, opened beneath the workspace following no symlink.
+
+    The project folder lies in the workspace, which the kernel may write: a
+    symlink put there would have the Host read, and send to the model, a file
+    the kernel itself may not read. So ``.host_kernel`` and the file must be a
+    real folder and a regular file inside the workspace; anything else is refused.
+    """
+    from .._errors import HostKernelError
+    from ..store.blobs import open_beneath
+
+    path = folder / filename
+    try:
+        with open_beneath(folder.parent, f"{folder.name}/{filename}") as f:
+            return f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except HostKernelError as error:
+        if error.code == "not_regular_file":
+            return None
+        raise SystemPromptError(path, "is (or lies behind) a symlink; a project layer file "
+                                      "must be a regular file inside the workspace") from None
+    except OSError as error:
+        raise SystemPromptError(path, f"cannot be read ({error.strerror or error})") from error
+
+
 def _read_block(folder: Path, layer: str, filename: str) -> Block | None:
     """The block in ``folder/filename``, or ``None`` when the file counts as absent."""
     path = folder / filename
     try:
-        if not path.is_file():  # missing, a directory, a dangling symlink, a fifo
-            return None
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        if layer == "project":
+            found = _read_project(folder, filename)
+            if found is None:
+                return None
+            raw = found
+        else:
+            if not path.is_file():  # missing, a directory, a dangling symlink, a fifo
+                return None
+            with path.open("rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise SystemPromptError(path, f"cannot be read ({error.strerror or error})") from error
     if len(raw) > MAX_FILE_BYTES:
@@ -332,7 +364,10 @@ def resolve_blocks(
       saved with or without a final newline gives the same block; nothing
       else is changed;
     * a file that is empty or whitespace-only counts as absent, and so does a
-      path that is not a regular file (a directory, a dangling symlink).
+      path that is not a regular file (a directory, a dangling symlink);
+    * the project layer lies in the workspace, which the kernel may write: its
+      files are opened beneath the workspace following no symlink, and a
+      symlink there (the folder or the file) raises :class:`SystemPromptError`.
 
     Only the files needed are read: a lower layer's ``SYSTEM.md`` shadowed by
     a higher one is not opened.

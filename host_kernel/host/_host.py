@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import fcntl
 import hmac
 import json
 import mimetypes
@@ -24,7 +26,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -246,6 +248,8 @@ class Host:
         #: with this reason, before the next cell.
         self._restart_due: str | None = None
         self._old_tokens: set[str] = set()
+        #: How deep this Host holds the record's sessions lock (see _sessions_lock).
+        self._lock_depth = 0
         self._pending_access: dict[str, Any] = {}
         #: host.bash processes still running, per cell, with an event set once recorded.
         self._commands: dict[str, list[tuple[subprocess.Popen[bytes], threading.Event]]] = {}
@@ -427,7 +431,36 @@ class Host:
         self._close_abandoned_sessions()
         self._start_generation("start")
 
+    @contextlib.contextmanager
+    def _sessions_lock(self) -> Iterator[None]:
+        """Hold the record's lock on session ownership (taking a session up, closing an
+        abandoned one), so two Hosts never both decide a session is theirs to change."""
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        fd = os.open(self.record_dir / "sessions.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._lock_depth = 1
+            try:
+                yield
+            finally:
+                self._lock_depth = 0
+        finally:
+            os.close(fd)
+
     def _take_up(self, session: str) -> None:
+        """Continue ``session`` in a new generation (``resume``); see :meth:`_take_up_locked`."""
+        with self._sessions_lock():
+            self._take_up_locked(session)
+        self._start_generation("resume")
+
+    def _take_up_locked(self, session: str) -> None:
         """Continue ``session`` of this record in a new kernel generation.
 
         The chain must verify; the session must have been started from this workspace
@@ -490,9 +523,12 @@ class Host:
             "kernel_env": sorted(self._launch_env),
         })
         self._close_abandoned_sessions()
-        self._start_generation("resume")
 
     def _close_abandoned_sessions(self) -> None:
+        with self._sessions_lock():
+            self._close_abandoned_locked()
+
+    def _close_abandoned_locked(self) -> None:
         """Sessions whose Host died (killed, crashed) are closed in the record, once.
 
         Their cells left running are finished as ``host_died``; nothing else is changed.
@@ -525,6 +561,9 @@ class Host:
         """
         if self.state is HostState.CLOSED:
             return self.head
+        if self.delegator is not None:
+            # Sub-tasks end with the session that started them (each closes its record).
+            self.delegator.shutdown()
         if self.state is HostState.OPEN and self.ledger is not None:
             try:
                 self._append("session_ended", {"generation": self.generation})

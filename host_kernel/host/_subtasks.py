@@ -1,8 +1,8 @@
 """The Host's side of delegation and skills: what ``host.delegate``, ``host.collect`` and
 ``host.skills`` do, and what the record keeps of them.
 
-Owns preparing a sub-task's folder (a sub-folder of the workspace, with the
-named inputs copied in or found there, each hashed), the ``subtask_started``
+Owns preparing a sub-task's folder (in this record, out of every kernel's
+reach, with the named inputs copied in and hashed), the ``subtask_started``
 and ``subtask_collected`` events, importing a collected child's artifacts
 into this record's blob store (so they can be loaded here and audited), and
 mapping the files the child read back onto this workspace's files, which
@@ -18,12 +18,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import secrets
-from pathlib import Path, PurePosixPath
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BadArguments, CallRefused, FileProblem, RecordError, StorageError
+from .._errors import (
+    BadArguments,
+    CallRefused,
+    FileProblem,
+    PathRefused,
+    RecordError,
+    StorageError,
+)
 from ..modes import UnknownModeError, normalise_mode_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,11 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["collect", "collected_artifact", "skills_call", "start"]
 
-#: The folder under the workspace where default sub-task folders are made.
-SUBTASKS_DIR = ".subtasks"
-#: Most inputs one sub-task may be given, and most bytes copied for it.
+#: Most inputs one sub-task may be given, and most bytes and files copied for it.
 MAX_INPUTS = 200
 MAX_COPY_BYTES = 512 * 1024 * 1024
+MAX_COPY_FILES = 10_000
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
@@ -61,13 +69,20 @@ def _number_or_none(value: Any, what: str) -> float | None:
 
 
 def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any]:
-    """``host.delegate``: prepare the child's folder, record the start, launch it."""
+    """``host.delegate``: copy the inputs into the child's folder, record the start, launch.
+
+    The child's folder is ``<record>/subtasks/<handle>/workspace``: inside this record,
+    which this session's kernel can neither read nor write, so no cell can swap it for
+    a link elsewhere, change the inputs under the child, or read what the child makes.
+    The inputs are copied in by the Host (streamed, hashed as copied), each named by
+    its workspace path (a file or a folder) or by an artifact id of this session (or
+    one a collected sub-task made).
+    """
     delegator = host.delegator
     if delegator is None:
         raise CallRefused("delegation needs an agent session: host.delegate works in cells "
                           "that `host-kernel run` (run_agent) runs", code="delegation_unavailable")
-    task, inputs, mode, folder = (args.get("task"), args.get("inputs"), args.get("mode"),
-                                  args.get("folder"))
+    task, inputs, mode = args.get("task"), args.get("inputs"), args.get("mode")
     if not isinstance(task, str) or not task.strip():
         raise BadArguments("delegate: task must be a non-empty str")
     if len(task) > 50_000:
@@ -84,84 +99,126 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
         except (UnknownModeError, TypeError) as exc:
             raise BadArguments(f"delegate: {exc}") from None
     timeout = _number_or_none(args.get("timeout"), "delegate: timeout")
-    refusal = delegator.refusal()
+    if args.get("folder") is not None:
+        raise BadArguments("delegate: folder= is not supported: a sub-task works on copies of "
+                           "its inputs, in a folder no cell can reach; name a folder in inputs "
+                           "to give it the whole folder")
+    assert host.ledger is not None and host.blobs is not None
+    plan = [_source(host, item) for item in dict.fromkeys(inputs)]  # checked before copying
+    refusal = delegator.reserve()
     if refusal is not None:
         raise CallRefused(refusal, code="delegation_refused")
-    assert host.ledger is not None and host.blobs is not None
     handle = _mint_handle(host)
-    if folder is None:
-        rel_folder = f"{SUBTASKS_DIR}/{handle}"
-    else:
-        rel_folder = _own_folder(host, folder)
-    copied: list[dict[str, Any]] = []
-    written: list[tuple[str, str, int]] = []
-    total = 0
-    for item in dict.fromkeys(inputs):
-        if _UUID.match(item) and _artifact(host, item) is not None:
-            row = _artifact(host, item)
-            assert row is not None
-            try:
-                data = host.blobs.read(row["sha256"])
-            except StorageError as exc:
-                raise FileProblem(f"delegate: artifact {item}'s stored bytes no longer match "
-                                  f"its sha256 ({exc.message})", code=exc.code) from None
-            child_rel = row["filename"]
-            source: dict[str, Any] = {"artifact_id": item}
-        else:
-            rel, data = host.workspace.read_bytes(item)
-            if folder is not None:
-                inside = PurePosixPath(rel)
-                if not inside.is_relative_to(rel_folder):
-                    raise BadArguments(f"delegate: input {item} is not inside the folder "
-                                       f"{rel_folder} the sub-task is given")
-                copied.append({"from": rel, "path": str(inside.relative_to(rel_folder)),
-                               "sha256": _sha(data), "copied": False})
-                continue
-            child_rel = rel
-            source = {"from": rel}
-        total += len(data)
-        if total > MAX_COPY_BYTES:
-            raise BadArguments(f"delegate: the inputs to copy pass {MAX_COPY_BYTES >> 20} MiB; "
-                               f"give the sub-task a folder that already holds them")
-        target = f"{rel_folder}/{child_rel}"
-        done = host.workspace.write_bytes(target, data)
-        written.append((done.path, done.sha256, done.size))
-        copied.append({**source, "path": child_rel, "sha256": done.sha256, "copied": True})
-    if folder is None and not written:
-        host.workspace.resolve(rel_folder).mkdir(parents=True, exist_ok=True)
-    for path, sha, size in written:
-        cell.io.writes.append(path)
-        host._append("file_written", {"cell_id": cell.cell_id, "path": path, "sha256": sha,
-                                      "size": size, "op": "delegate"})
-    record_dir = host.record_dir / "subtasks" / handle
+    base = host.record_dir / "subtasks" / handle
+    workdir = base / "workspace"
+    workdir.mkdir(parents=True)
+    try:
+        copied = _copy_inputs(host, plan, workdir)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    record_dir = base / "record"
     body = {"handle": handle, "cell_id": cell.cell_id, "task": task, "mode": mode,
-            "folder": rel_folder, "inputs": copied, "record_dir": str(record_dir),
+            "folder": str(workdir), "inputs": copied, "record_dir": str(record_dir),
             "depth": delegator.config.depth + 1, "timeout": timeout}
     host._append("subtask_started", body)
-    # The child reads and writes its folder only: the rest of this workspace is hidden
-    # from its kernel, so what it reads is what its own record (and lineage) can see.
-    state = delegator.launch(handle, task, workdir=host.workdir / rel_folder,
-                             record_dir=record_dir, mode=mode, timeout=timeout,
-                             hide=host.workdir)
-    return {"handle": handle, "folder": rel_folder, "inputs": copied, "state": state}
+    # The child can read and write its own folder only: this workspace and this record
+    # (but for its folder) are hidden from its kernel, so what it reads is what its own
+    # record, and so this session's lineage, can see.
+    state = delegator.launch(handle, task, workdir=workdir, record_dir=record_dir, mode=mode,
+                             timeout=timeout, hide=(host.workdir, host.record_dir),
+                             parent={"session": host.session_id, "cell_id": cell.cell_id,
+                                     "handle": handle, "record_dir": str(host.record_dir)})
+    return {"handle": handle, "folder": str(workdir), "inputs": copied, "state": state}
 
 
-def _sha(data: bytes) -> str:
+def _source(host: Host, item: str) -> tuple[str, Any]:
+    """What one input names: ("artifact", row), ("file", rel) or ("folder", rel)."""
+    if _UUID.match(item):
+        row = _artifact(host, item) or collected_artifact(host, item)
+        if row is not None:
+            return "artifact", row
+    real = host.workspace.resolve(item, what="delegate: input")
+    if host.workspace.in_record(real):
+        raise PathRefused(f"delegate: input {item!r} is inside the record")
+    if real == host.workdir:
+        raise BadArguments("delegate: the whole workspace cannot be an input; name its files "
+                           "or sub-folders")
+    if real.is_dir():
+        return "folder", host.workspace.relative(real)
+    if not real.exists():
+        raise FileProblem(f"delegate: input {item!r} is neither a workspace file nor an "
+                          f"artifact id of this session")
+    return "file", host.workspace.relative(real)
+
+
+def _copy_inputs(host: Host, plan: list[tuple[str, Any]], workdir: Path
+                 ) -> list[dict[str, Any]]:
+    """Copy each planned input into ``workdir``, streamed and hashed; their records."""
+    assert host.blobs is not None
+    budget = [MAX_COPY_BYTES, MAX_COPY_FILES]
+    copied: list[dict[str, Any]] = []
+    for kind, what in plan:
+        if kind == "artifact":
+            with host.blobs.open(what["sha256"]) as src:
+                sha, size = _copy(src, workdir / what["filename"], budget)
+            if sha != what["sha256"]:
+                raise FileProblem(f"delegate: artifact {what['artifact_id']}'s stored bytes no "
+                                  f"longer match its sha256", code="blob_mismatch")
+            copied.append({"artifact_id": what["artifact_id"], "path": what["filename"],
+                           "sha256": sha, "size": size})
+            continue
+        files = [what] if kind == "file" else _files_under(host, what)
+        for rel in files:
+            rel, src = host.workspace.open_file(rel, what="delegate: input")
+            with src:
+                sha, size = _copy(src, workdir / rel, budget)
+            copied.append({"from": rel, "path": rel, "sha256": sha, "size": size})
+    return copied
+
+
+def _files_under(host: Host, rel: str) -> list[str]:
+    """The regular files of a workspace folder, recursively; symlinks are not followed."""
+    out: list[str] = []
+    for folder, dirs, files in os.walk(host.workdir / rel, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(folder, d)))
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            out.append(Path(path).relative_to(host.workdir).as_posix())
+            if len(out) > MAX_COPY_FILES:
+                raise BadArguments(f"delegate: the folder {rel} holds more than "
+                                   f"{MAX_COPY_FILES} files")
+    return out
+
+
+def _copy(src: Any, target: Path, budget: list[int]) -> tuple[str, int]:
+    """Stream ``src`` into ``target`` (made here, never overwritten), hashing as it goes;
+    ``budget`` is [bytes, files] left for the whole delegation."""
     import hashlib
 
-    return hashlib.sha256(data).hexdigest()
-
-
-def _own_folder(host: Host, folder: Any) -> str:
-    if not isinstance(folder, str) or not folder.strip():
-        raise BadArguments("delegate: folder must be a workspace-relative folder name")
-    real = host.workspace.resolve(folder, what="folder")
-    if real == host.workdir or not real.is_dir():
-        raise BadArguments(f"delegate: folder {folder} must be an existing sub-folder of the "
-                           f"workspace (not the workspace itself)")
-    if host.workspace.in_record(real):
-        raise BadArguments("delegate: folder may not be inside the record")
-    return host.workspace.relative(real)
+    budget[1] -= 1
+    if budget[1] < 0:
+        raise BadArguments(f"delegate: more than {MAX_COPY_FILES} files to copy")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        out = open(target, "xb")  # noqa: SIM115 - closed below
+    except FileExistsError:
+        raise BadArguments(f"delegate: two inputs would be copied to the same path "
+                           f"{target.name!r}") from None
+    with out:
+        while chunk := src.read(1 << 20):
+            size += len(chunk)
+            if size > budget[0]:
+                raise BadArguments(f"delegate: the inputs pass {MAX_COPY_BYTES >> 20} MiB; a "
+                                   f"sub-task is given copies, so give it less")
+            digest.update(chunk)
+            out.write(chunk)
+    budget[0] -= size
+    return digest.hexdigest(), size
 
 
 def _artifact(host: Host, artifact_id: str) -> Any:
@@ -215,6 +272,10 @@ def _result_of(host: Host, started: dict[str, Any], finished: Any) -> dict[str, 
         "artifacts": [], "error": finished.error, "session": finished.session,
         "record_dir": started["record_dir"], "read_inputs": [], "spend": finished.spend}
     session = finished.session
+    if not finished.done.is_set():
+        result["error"] = (f"{finished.error or 'the sub-task was cut'}; it is still closing, "
+                           f"so its record ({started['record_dir']}) was not read")
+        return result
     if session is None:
         return result
     try:
@@ -287,8 +348,8 @@ def _map_reads(started: dict[str, Any], reads: dict[tuple[str, str], str | None]
             else:
                 out.append({"path": given["from"], "sha256": sha, "delegated": True,
                             "hashed_at": "delegate"})
-        else:
-            out.append({"path": f"{started['folder']}/{path}", "sha256": sha,
+        else:  # a file the child made, or a given file it changed before reading it
+            out.append({"path": f"<sub-task {started['handle']}>/{path}", "sha256": sha,
                         "delegated": False, "hashed_at": f"subtask {hashed_at or 'save'}"})
     return out
 

@@ -222,10 +222,11 @@ class HostClient:
                  timeout: float | None = None) -> Subtask:
         """Start a sub-task: a child agent session with its own Host, kernel and record.
 
-        ``inputs`` are workspace paths or artifact ids of this session; the child works
-        in ``folder`` (a sub-folder of the workspace holding the path inputs), or by
-        default in a fresh ``.subtasks/<handle>/`` holding copies of them. ``timeout``
-        bounds the child's wall-clock time (seconds). Returns at once; collect it.
+        ``inputs`` are workspace files or folders, or artifact ids of this session (or
+        of a sub-task it collected); the child works on copies of them, in a folder of
+        its own that no cell can reach (``folder`` is refused: see docs/agent.md).
+        ``timeout`` bounds the child's wall-clock time (seconds). Returns at once;
+        collect it.
         """
         if isinstance(inputs, (str, os.PathLike)):
             inputs = [inputs]

@@ -222,7 +222,7 @@ def _qn(node_id: str) -> str:
 
 
 def _esc(text: str) -> str:
-    return text.replace('"', "'")
+    return " ".join(text.replace('"', "'").split())
 
 
 def _describe(node: LineageNode) -> str:

@@ -41,10 +41,10 @@ import difflib
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 __all__ = [
     "COLLECTIONS",
@@ -223,23 +223,40 @@ class _Invalid(Exception):
     """Why one file is not a skill; becomes a Problem."""
 
 
-def _read_text(path: Path) -> str:
+def _open(path: Path, beneath: Path | None) -> BinaryIO:
+    """Open a skill file: plainly, or (``beneath``: a folder the kernel may write) from
+    that root following no symlink on the way, so a link there cannot make the Host read
+    a file the kernel may not."""
+    if beneath is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise _Invalid(f"cannot be opened ({exc.strerror or exc})") from None
+        return os.fdopen(fd, "rb")
+    from .._errors import HostKernelError
+    from ..store.blobs import open_beneath
+
+    try:
+        return open_beneath(beneath, path.relative_to(beneath).as_posix())
+    except HostKernelError as exc:
+        raise _Invalid(exc.message) from None
+    except OSError as exc:
+        raise _Invalid(f"cannot be opened ({exc.strerror or exc})") from None
+
+
+def _read_text(path: Path, beneath: Path | None = None) -> str:
     """The file's text: a regular file of at most MAX_FILE_BYTES, valid UTF-8.
 
     Opened without blocking and checked on the descriptor, so a FIFO put where
     a skill should be is refused at once instead of waiting for a writer.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise _Invalid(f"cannot be opened ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as f:
+    with _open(path, beneath) as f:
         info = os.fstat(f.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise _Invalid("not a regular file")
         if info.st_size > MAX_FILE_BYTES:
             raise _Invalid(f"{info.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit")
-        data = f.read(MAX_FILE_BYTES + 1)
+        data: bytes = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise _Invalid(f"over the {MAX_FILE_BYTES}-byte limit")
     try:
@@ -337,11 +354,24 @@ def _parse(text: str, path: Path, collection: str) -> Skill:
                  path=path, body=body + "\n")
 
 
-def _load_folder(collection: str, folder: Path) -> tuple[list[Skill], list[Problem]]:
-    """The skills of one folder (its ``*.md`` files, not its sub-folders), sorted by name."""
+def _load_folder(collection: str, folder: Path, beneath: Path | None = None
+                 ) -> tuple[list[Skill], list[Problem]]:
+    """The skills of one folder (its ``*.md`` files, not its sub-folders), sorted by name.
+
+    ``beneath``: a root the folder must be reached from without a symlink (the
+    workspace, for the project collection); its files are opened the same way.
+    """
     skills: list[Skill] = []
     problems: list[Problem] = []
     try:
+        if beneath is not None:
+            step = beneath
+            for part in folder.relative_to(beneath).parts:
+                step = step / part
+                if step.is_symlink():
+                    return skills, [Problem(step, "a symlink: the project's skills must be "
+                                                  "a real folder inside the workspace",
+                                            collection)]
         if not folder.exists():
             return skills, problems
         if not folder.is_dir():
@@ -352,7 +382,7 @@ def _load_folder(collection: str, folder: Path) -> tuple[list[Skill], list[Probl
     seen: dict[str, Path] = {}
     for path in paths:
         try:
-            skill = _parse(_read_text(path), path, collection)
+            skill = _parse(_read_text(path, beneath), path, collection)
         except _Invalid as why:
             problems.append(Problem(path, str(why), collection))
             continue
@@ -388,12 +418,16 @@ class Catalog:
         self._body = {s.name: frozenset(words(s.body)) for s in self.skills}
 
     @classmethod
-    def load(cls, folders: Sequence[tuple[str, Path]]) -> Catalog:
+    def load(cls, folders: Sequence[tuple[str, Path]], *,
+             beneath: Mapping[str, Path] | None = None) -> Catalog:
         """Read ``(collection, folder)`` pairs, in order; a missing folder is an empty collection.
 
         Collection names must be unique. A skill shadows any earlier one of the
-        same name; files that break the rules go to ``problems``.
+        same name; files that break the rules go to ``problems``. ``beneath`` maps
+        a collection to a root its folder lies in and must be reached from
+        following no symlink (a folder the kernel may write).
         """
+        beneath = beneath or {}
         names = [name for name, _ in folders]
         if len(set(names)) != len(names):
             raise SkillError(f"collection names must be unique, got {names}")
@@ -404,7 +438,7 @@ class Catalog:
         problems: builtins.list[Problem] = []
         shadowed: builtins.list[Shadowed] = []
         for collection, folder in folders:
-            found, bad = _load_folder(collection, Path(folder))
+            found, bad = _load_folder(collection, Path(folder), beneath.get(collection))
             problems += bad
             for skill in found:
                 earlier = winners.get(skill.name)
@@ -423,7 +457,8 @@ class Catalog:
         :func:`user_skills_dir`) and the project's (``<workdir>/.host_kernel/skills``)."""
         user = Path(user_dir) if user_dir is not None else user_skills_dir()
         project = Path(workdir) / ".host_kernel" / "skills"
-        return cls.load((("bundled", bundled_dir()), ("user", user), ("project", project)))
+        return cls.load((("bundled", bundled_dir()), ("user", user), ("project", project)),
+                        beneath={"project": Path(workdir)})
 
     # -- counting
 
