@@ -41,9 +41,17 @@ class _Handler(BaseHTTPRequestHandler):
         return "unix"
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        refused: HostKernelError | None = None
+        try:
+            name, token, args = self._parse()
+        except HostKernelError as exc:
+            refused = exc
         self.send_response(200)
         self.send_header("Content-Type", "application/x-ndjson")
         self.send_header("Transfer-Encoding", "chunked")
+        if self.close_connection:
+            # A body refused unread: the client must not send its next call on this one.
+            self.send_header("Connection", "close")
         self.end_headers()
         lock = threading.Lock()
 
@@ -54,7 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
 
         try:
-            name, token, args = self._parse()
+            if refused is not None:
+                raise refused
             result = self.server.dispatch(name, token, args, emit)
             emit({"result": result})
         except HostKernelError as exc:

@@ -83,12 +83,19 @@ class HostClient:
         result: Any = None
         error: dict[str, str] | None = None
         conn = self._connection()
+        cut_short = False
         try:
             # One kept-alive connection: the Host answers each call in full (a chunked
             # stream of lines) before the next is sent. A call is never sent twice.
-            conn.request("POST", f"/call/{name}", body=body,
-                         headers={"Authorization": f"Bearer {self._token}",
-                                  "Content-Type": "application/json"})
+            try:
+                conn.request("POST", f"/call/{name}", body=body,
+                             headers={"Authorization": f"Bearer {self._token}",
+                                      "Content-Type": "application/json"})
+            except (BrokenPipeError, ConnectionResetError):
+                # The Host refuses a body over its limit without reading it, answers and
+                # closes: the answer is already waiting, so read it (if the Host is gone
+                # instead, reading fails below and says so), then drop the connection.
+                cut_short = True
             response = conn.getresponse()
             while True:
                 line = response.readline()
@@ -109,6 +116,8 @@ class HostClient:
             conn.close()
             raise HostCallError(f"the call {name!r} did not reach the Host or its answer was "
                                 f"cut short: {type(exc).__name__}: {exc}") from None
+        if cut_short:
+            conn.close()  # the Host closed its end; the next call opens a new connection
         if error is not None:
             raise error_for_code(error.get("type", ""), error.get("code", "call_failed"),
                                  error.get("message", ""))
