@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,13 @@ from _helpers import wait_for
 from scripted_llm import ScriptedLLMServer
 
 from host_kernel import Host
-from host_kernel._paths import default_record_dir
 from host_kernel.agent.delegation import DelegationConfig
 from host_kernel.agent.events import EVENTS_FILE, read_records
 from host_kernel.agent.loop import Outcome
 from host_kernel.audit import audit
 from host_kernel.lineage.graph import record_lineage
 from host_kernel.sandbox.client import probe
+from host_kernel.sandbox.policy import hidden_paths
 from host_kernel.store.ledger import SQLiteLedger
 
 
@@ -163,26 +166,46 @@ def test_collect_with_a_timeout_cuts_a_child_that_is_still_running(ws: Path) -> 
     assert "outcome timeout" in seen and "collect's timeout of 1 s" in seen
 
 
-def test_a_child_reaches_only_its_own_folder(ws: Path) -> None:
-    """The child works on copies in a folder of the parent's record: it can neither write
-    nor read the parent's workspace or record, and nothing it does changes them."""
+@pytest.fixture
+def outside_tmp(ws: Path) -> Iterator[tuple[Path, Path]]:
+    """A workspace (with the ``ws`` fixture's files) and a record outside every folder that
+    is hidden from all kernels anyway (/tmp, the records home): only there does a test show
+    that what a sub-task is kept from is kept from it by its own hiding."""
     confinement = probe(None)
     if not confinement.active:
         pytest.skip(f"LOUD SKIP: no Landlock here ({confinement.reason}); a child's raw "
                     f"reads and writes outside its folder cannot be stopped without it")
+    root = Path(tempfile.mkdtemp(prefix="hk-test-", dir=Path.home()))
+    try:
+        if any(str(root).startswith(h.rstrip("/") + "/") for h in hidden_paths()):
+            pytest.skip(f"LOUD SKIP: {root} is hidden from every kernel already")
+        shutil.copytree(ws, root / "ws")
+        yield root / "ws", root / "record"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _fence(outside: list[str]) -> str:
+    """A cell that tries to open each path for reading and for appending."""
+    return (f"for path in {outside!r}:\n"
+            "    for how in ('r', 'a'):\n"
+            "        try:\n"
+            "            open(path, how).close()\n"
+            "            print('OPENED', how, path)\n"
+            "        except OSError as exc:\n"
+            "            print('refused', how, type(exc).__name__)\n")
+
+
+def test_a_child_reaches_only_its_own_folder(outside_tmp: tuple[Path, Path]) -> None:
+    """The child works on copies in a folder of the parent's record: it can neither write
+    nor read the parent's workspace or record, and nothing it does changes them."""
+    ws, record = outside_tmp
     (ws / "given").mkdir()
     (ws / "given" / "in.txt").write_text("input\n")
-    record = default_record_dir(ws)
     outside = [str(ws / "data" / "a.csv"), str(ws / "escape.txt"),
                str(record / "ledger.sqlite"), str(record / "record.key")]
     child = fence(
-        f"for path in {outside!r}:\n"
-        "    for how in ('r', 'a'):\n"
-        "        try:\n"
-        "            open(path, how).close()\n"
-        "            print('OPENED', how, path)\n"
-        "        except OSError as exc:\n"
-        "            print('refused', how, type(exc).__name__)\n"
+        _fence(outside) +
         "try:\n    host.write_file('../escape2.txt', 'x')\n"
         "except Exception as exc:\n    print('host refused', type(exc).__name__)\n"
         "try:\n    host.delegate('SUBTASK-GRANDCHILD: nested')\n"
@@ -193,7 +216,7 @@ def test_a_child_reaches_only_its_own_folder(ws: Path) -> None:
                    "r = host.collect(h, timeout=120)\nprint(r.outcome)")
     with ScriptedLLMServer([text(parent), finalize("fenced")],
                            routes={"SUBTASK-FENCED": [text(child), finalize("tried")]}) as server:
-        result = run(server, ws, "delegate to a fenced child")
+        result = run(server, ws, "delegate to a fenced child", record_dir=record)
         child_saw = str([b for b in turns(server) if "SUBTASK-FENCED" in task_of(b)][-1][
             "messages"][-1]["content"])
     assert result.accepted, result.reason
@@ -213,6 +236,29 @@ def test_a_child_reaches_only_its_own_folder(ws: Path) -> None:
     assert (folder / "out.txt").read_text() == "INPUT\n"
     assert started["inputs"] == [{"from": "given/in.txt", "path": "given/in.txt",
                                   "sha256": started["inputs"][0]["sha256"], "size": 6}]
+
+
+def test_a_grandchild_is_kept_from_every_ancestor(outside_tmp: tuple[Path, Path]) -> None:
+    """Each level hides what its parent hid too: a grandchild cannot read the top
+    session's workspace or record, nor its parent's."""
+    ws, record = outside_tmp
+    outside = [str(ws / "data" / "a.csv"), str(record / "ledger.sqlite"),
+               str(record / "record.key")]
+    grandchild = [text(fence(_fence(outside))), finalize("looked")]
+    child = [text(fence("r = host.collect(host.delegate('GRANDTASK: look around'), "
+                        "timeout=120)\nprint(r.outcome)")), finalize("delegated")]
+    parent = fence("r = host.collect(host.delegate('CHILDTASK: delegate once more'), "
+                   "timeout=240)\nprint(r.outcome)")
+    with ScriptedLLMServer([text(parent), finalize("done")],
+                           routes={"GRANDTASK": grandchild, "CHILDTASK": child}) as server:
+        result = run(server, ws, "two levels down", record_dir=record,
+                     delegation=DelegationConfig(max_depth=2))
+        saw = str([b for b in turns(server) if "GRANDTASK" in task_of(b)][-1][
+            "messages"][-1]["content"])
+    assert result.accepted, result.reason
+    assert "OPENED" not in saw, saw
+    assert saw.count("refused r PermissionError") == 3, saw
+    assert saw.count("refused a PermissionError") == 3, saw
 
 
 def test_concurrency_is_bounded(ws: Path) -> None:

@@ -86,6 +86,10 @@ class _Child:
 
     @property
     def outcome(self) -> str:
+        """The child's own outcome; ``timeout`` when a cut kept it from being accepted (a
+        cut that came while an accepted child was closing changes nothing)."""
+        if self.result is not None and self.result.accepted:
+            return "accepted"
         if self.cut_reason is not None:
             return "timeout"
         if self.result is not None:
@@ -120,6 +124,9 @@ class Delegator:
         self.prices = prices
         self.system_layers = system_layers
         self.skills = skills
+        #: What is left of the parent's budget (USD), asked as each child starts; a child
+        #: runs with it as its own budget. None: no budget.
+        self.budget_left: Callable[[], float | None] | None = None
         self._slots = threading.Semaphore(config.max_concurrent)
         self._children: dict[str, _Child] = {}
         self._lock = threading.Lock()
@@ -128,8 +135,19 @@ class Delegator:
         self._reserved = 0
 
     def attach(self, host: Any) -> None:
-        """The parent Host (kept for the record; the children have Hosts of their own)."""
+        """The parent Host. A resumed session's earlier sub-tasks count against
+        ``max_total`` (read from its record)."""
         self.host = host
+        if host.ledger is not None:
+            rows = host.ledger.query("SELECT count(*) FROM events WHERE session = ? AND "
+                                     "kind = 'subtask_started'", (host.session_id,))
+            with self._lock:
+                self._reserved = max(self._reserved, int(rows[0][0]))
+
+    def release(self) -> None:
+        """Give back a place taken by :meth:`reserve` for a sub-task that never started."""
+        with self._lock:
+            self._reserved = max(0, self._reserved - 1)
 
     def reserve(self) -> str | None:
         """Take one of the session's sub-task places; or why none may be taken now.
@@ -194,12 +212,14 @@ class Delegator:
             def seen(host: Any) -> None:
                 child.host = host
 
+            budget = None if self.budget_left is None else self.budget_left()
             result = run_agent(
                 child.task, workdir=workdir, mode=mode, llm=self.llm, record_dir=record_dir,
                 max_steps=self.config.max_steps, cell_timeout=self.config.cell_timeout,
                 prices=self.prices, spare=False, delegation=config, cancel=child.cancel,
                 on_host=seen, hide_paths=hide,
-                system_layers=self.system_layers, skills=self.skills, parent=parent)
+                system_layers=self.system_layers, skills=self.skills, parent=parent,
+                budget_usd=budget)
             with self._lock:  # from here a cut comes too late to change anything
                 child.result = result
                 child.finished = True
@@ -212,7 +232,8 @@ class Delegator:
                 self._slots.release()
             with self._lock:
                 child.finished = True
-                if child.cut_reason is not None:
+                accepted = child.result is not None and child.result.accepted
+                if child.cut_reason is not None and not accepted:
                     child.error = child.cut_reason
                 child.state = "done"
             child.done.set()
@@ -276,6 +297,12 @@ class Delegator:
             if not child.done.is_set():
                 self.cut(child.handle, "the parent session ended before the sub-task did")
         for child in list(self._children.values()):
-            child.done.wait(CLOSE_WAIT)
+            if not child.done.wait(CLOSE_WAIT) and child.host is not None:
+                # Still inside a model call (the cancel is seen only between calls): end its
+                # session from here, so its record is closed whatever happens to the thread.
+                try:
+                    child.host.close()
+                except Exception:  # noqa: BLE001 - the thread closes it again when it returns
+                    pass
         if self._watchdog is not None:
             self._watchdog.join(timeout=2)

@@ -335,6 +335,9 @@ class _Session:
                                  system_style=system_style or self.state.system_style)
         #: Cells run through the execute tool in this step (their proposals: s<step>t<n>).
         self._tool_cells = 0
+        delegator = host.delegator
+        if delegator is not None and budget_usd is not None:
+            delegator.budget_left = self._budget_left
         self._stopped_reply = False
 
     # -- the run
@@ -494,6 +497,12 @@ class _Session:
         if purpose == "turn" and usage is not None:
             self.last_prompt_tokens = usage.prompt_tokens + usage.completion_tokens
         return result
+
+    def _budget_left(self) -> float | None:
+        """Dollars left of the budget now (a sub-task runs with them as its own)."""
+        if self.budget_usd is None:
+            return None
+        return max(0.0, self.budget_usd - self.projection.snapshot.spend_usd)
 
     def _check_limits(self) -> None:
         """Before any provider call: stop when cut from outside or over the budget."""

@@ -73,6 +73,8 @@ from ._workspace import HashCache, Workspace
 
 __all__ = ["Host", "HostState"]
 
+#: Seconds a Host waits for the record's sessions lock before it gives up.
+SESSIONS_LOCK_WAIT = 30.0
 #: Seconds the Host waits after interrupting a timed-out cell before restarting.
 INTERRUPT_GRACE = 1.5
 #: How often a waiting Host checks that the kernel process is still alive.
@@ -442,10 +444,23 @@ class Host:
             finally:
                 self._lock_depth -= 1
             return
-        fd = os.open(self.record_dir / "sessions.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)
+        path = self.record_dir / "sessions.lock"
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise RecordError(f"cannot open the record's lock {path}: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            deadline = time.monotonic() + SESSIONS_LOCK_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RecordError(f"another Host has held the record's lock {path} "
+                                          f"for {SESSIONS_LOCK_WAIT:g} s") from None
+                    time.sleep(0.05)
             self._lock_depth = 1
             try:
                 yield
@@ -525,8 +540,14 @@ class Host:
         self._close_abandoned_sessions()
 
     def _close_abandoned_sessions(self) -> None:
-        with self._sessions_lock():
-            self._close_abandoned_locked()
+        """Close, once, the sessions of this record whose Host died (housekeeping: when
+        the record's lock cannot be had, it is left for the next Host)."""
+        try:
+            with self._sessions_lock():
+                self._close_abandoned_locked()
+        except RecordError:
+            if self.resume_session is not None:
+                raise
 
     def _close_abandoned_locked(self) -> None:
         """Sessions whose Host died (killed, crashed) are closed in the record, once.

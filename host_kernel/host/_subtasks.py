@@ -116,6 +116,7 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
         copied = _copy_inputs(host, plan, workdir)
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
+        delegator.release()  # nothing was started: the place is given back
         raise
     record_dir = base / "record"
     body = {"handle": handle, "cell_id": cell.cell_id, "task": task, "mode": mode,
@@ -126,7 +127,8 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
     # (but for its folder) are hidden from its kernel, so what it reads is what its own
     # record, and so this session's lineage, can see.
     state = delegator.launch(handle, task, workdir=workdir, record_dir=record_dir, mode=mode,
-                             timeout=timeout, hide=(host.workdir, host.record_dir),
+                             timeout=timeout,
+                             hide=(*host.hide_paths, host.workdir, host.record_dir),
                              parent={"session": host.session_id, "cell_id": cell.cell_id,
                                      "handle": handle, "record_dir": str(host.record_dir)})
     return {"handle": handle, "folder": str(workdir), "inputs": copied, "state": state}
@@ -201,14 +203,14 @@ def _copy(src: Any, target: Path, budget: list[int]) -> tuple[str, int]:
     budget[1] -= 1
     if budget[1] < 0:
         raise BadArguments(f"delegate: more than {MAX_COPY_FILES} files to copy")
-    target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     size = 0
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         out = open(target, "xb")  # noqa: SIM115 - closed below
-    except FileExistsError:
+    except (FileExistsError, NotADirectoryError):
         raise BadArguments(f"delegate: two inputs would be copied to the same path "
-                           f"{target.name!r}") from None
+                           f"({target.name!r} or a folder above it)") from None
     with out:
         while chunk := src.read(1 << 20):
             size += len(chunk)
