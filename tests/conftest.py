@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,13 @@ def _children(pid: int) -> set[int]:
         found |= frontier
     return found
 
+
+# A shell that starts the suite in the background without job control (nohup …  &, some
+# CI runners) hands it SIGINT ignored, and Python then installs no KeyboardInterrupt
+# handler; the Ctrl-C tests need one, and so do the processes they start (a caught signal
+# is reset to its default in a child, an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Every HTTP request of the suite goes to a server on 127.0.0.1 that the test started.
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
