@@ -923,10 +923,10 @@ def run_agent(
         config = dataclasses.replace(config, cell_timeout=cell_timeout)
     delegator = Delegator(llm, config, prices=prices, system_layers=layers,
                           skills=catalog) if config else None
-    worker = HostThread()
     host = Host(workdir, mode=mode, request=task if resume is None else None,
                 record_dir=record_dir, front="agent", pool=pool, spare=spare, resume=resume,
                 delegator=delegator, skills=catalog, hide_paths=hide_paths)
+    worker = HostThread()  # made once the Host's arguments were accepted: never left running
     try:
         worker.call(host.start)
         if on_host is not None:
