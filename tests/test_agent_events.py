@@ -37,13 +37,6 @@ from host_kernel.llm import LLMClient, LLMConfig
 SESSION = "s-1"
 
 
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
-                 "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
 def log(tmp_path: Path) -> Iterator[EventLog]:
     events = EventLog(tmp_path / "agent-events.ndjson", SESSION)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,21 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _agent import CELL_ID, USAGE, fence, run, text, tool
 from scripted_llm import RecordedRequest, ScriptedLLMServer, chat_reply, content_chunks
 
 from host_kernel._paths import default_record_dir
 from host_kernel.agent.events import EVENTS_FILE, read_records
 from host_kernel.agent.layers import system_prefix
-from host_kernel.agent.loop import AgentResult, Outcome, Prices, run_agent
+from host_kernel.agent.loop import AgentResult, Outcome, Prices
 from host_kernel.agent.projection import replay
 from host_kernel.cli import main
-from host_kernel.llm import LLMClient, LLMConfig
 from host_kernel.prompts import CONCLUSION_GATE, SUMMARY_FORK, SUMMARY_HEADINGS
 from host_kernel.skills import Catalog
 
-USAGE = {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-CELL_ID = re.compile(r"\[cell id: ([A-Za-z0-9_-]+)\]")
 
 SOURCES = {
     "pkg/__init__.py": "",
@@ -49,27 +46,7 @@ TEST_CMD = "python -m pytest -q tests"
 ARCHITECTURE = "pkg.core owns the arithmetic; pkg.cli is the thin command-line entry point."
 
 
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROXIES:
-        monkeypatch.delenv(name, raising=False)
-
-
 # ----------------------------------------------------------------------------- scripting
-
-
-def fence(code: str) -> str:
-    return f"```python\n{code}\n```"
-
-
-def text(content: str) -> dict[str, Any]:
-    return chat_reply(content, usage=USAGE)
-
-
-def tool(name: str, args: dict[str, Any], call_id: str = "call_1") -> dict[str, Any]:
-    call = {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
-    return chat_reply(None, tool_calls=[call], finish_reason="tool_calls", usage=USAGE)
 
 
 def streamed_tool(name: str, args: dict[str, Any], call_id: str = "call_s") -> list[Any]:
@@ -117,19 +94,9 @@ def declarations(evidence_cell: str) -> dict[str, Any]:
             "test_evidence": [{"command": TEST_CMD, "producing_cell_id": evidence_cell}]}
 
 
-def client(server: ScriptedLLMServer) -> LLMClient:
-    return LLMClient(LLMConfig(server.base_url, "scripted", timeout=30.0, max_retries=2,
-                               backoff=0.001))
-
-
 def turn_requests(server: ScriptedLLMServer) -> list[RecordedRequest]:
     """The agent's own turns: the requests that carry the tools field."""
     return [r for r in server.requests if "tools" in r.json()]
-
-
-def run(server: ScriptedLLMServer, workdir: Path, task: str, **kwargs: Any) -> AgentResult:
-    with client(server) as llm:
-        return run_agent(task, workdir=workdir, llm=llm, **kwargs)
 
 
 # ----------------------------------------------------------------------------- sessions

@@ -290,12 +290,21 @@ def test_delegation_outside_an_agent_session_and_bad_arguments_are_refused(
         "    try:\n        host.delegate(**args)\n        print('ACCEPTED', args)\n"
         "    except Exception as exc:\n        print(type(exc).__name__, exc)\n"
         "try:\n    host.collect('st-nothing')\nexcept Exception as exc:\n"
-        "    print(type(exc).__name__, exc)")
+        "    print(type(exc).__name__, exc)\n"
+        # A result made up in the kernel names a child artifact no sub-task gave: the Host
+        # loads only artifacts of this session or of a sub-task it collected itself.
+        "from host_kernel.kernel.client import SubtaskResult\n"
+        "fake = SubtaskResult.from_dict({'handle': 'st-00000000', 'outcome': 'accepted', "
+        "'accepted': True, 'artifacts': [{'artifact_id': '0e4b6c1e-0000-4000-8000-"
+        "000000000000'}]}, host)\n"
+        "try:\n    fake.load(fake.artifacts[0]['artifact_id'])\nexcept Exception as exc:\n"
+        "    print('forged', type(exc).__name__, exc.code)")
     with ScriptedLLMServer([text(parent), finalize("refused")]) as server:
         result = run(server, ws, "bad delegations", delegation=DelegationConfig(max_depth=1))
         seen = last_observation(server, 1)
     assert result.accepted and "ACCEPTED" not in seen, seen
     assert seen.count("BadArguments") == 5 and seen.count("PathRefused [path_refused]") == 1, seen
+    assert "forged FileProblem file_problem" in seen, seen
     assert not subtask_rows(result.record_dir)
     with ScriptedLLMServer([text(fence("host.delegate('SUBTASK-X: x')")), finalize("no")]) \
             as server:

@@ -31,20 +31,6 @@ MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content
 USAGE = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
 
 
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A proxy variable in the environment would route 127.0.0.1 elsewhere.
-    for name in (
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture
 def server() -> Iterator[ScriptedLLMServer]:
     with ScriptedLLMServer() as scripted:

@@ -37,26 +37,19 @@ SYSTEM_STYLES: Final[tuple[str, ...]] = ("separate", "single")
 
 @dataclass
 class ConversationState:
-    """What an agent session's events say the model is sent. Fed one record at a time."""
+    """What an agent session's events say the model is sent. Fed one record at a time.
 
-    session: str | None = None
-    task: str | None = None
-    mode: str | None = None
-    armed: bool = False
-    model: str | None = None
+    Only what the messages need: how a session ran (its steps, its outcome) is the
+    projection's (:mod:`.projection`).
+    """
+
     entries: list[Entry] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: str | None = None
     loaded_tools: list[str] = field(default_factory=list)
-    #: The outcome of the last session_ended; None while a run is open (or it crashed).
-    outcome: str | None = None
-    ended: bool = False
-    last_seq: int = 0
-    steps: int = 0
-    requests: int = 0
     system_style: str = "separate"
-    #: The sub-tasks started and collected, by handle (for a resume's notice).
-    subtasks: dict[str, str] = field(default_factory=dict)
+    #: The last seq of the session's records (a resumed log goes on from it).
+    last_seq: int = 0
 
     def __call__(self, record: Any) -> None:
         self.feed(record)
@@ -72,11 +65,7 @@ class ConversationState:
         if not isinstance(data, Mapping):
             return
         kind = record.get("kind")
-        if kind == "session_started":
-            self.session = record.get("session") if isinstance(record.get("session"),
-                                                               str) else None
-            self.task, self.mode = data.get("task"), data.get("mode")
-            self.armed, self.model = bool(data.get("armed")), data.get("model")
+        if kind in ("session_started", "session_resumed"):
             if data.get("system_style") in SYSTEM_STYLES:
                 self.system_style = data["system_style"]
         elif kind == "system_prompt":
@@ -98,25 +87,6 @@ class ConversationState:
             name = data.get("name")
             if isinstance(name, str) and name not in self.loaded_tools:
                 self.loaded_tools.append(name)
-        elif kind == "prompt_rendered":
-            step = data.get("step")
-            if isinstance(step, int):
-                self.steps = max(self.steps, step)
-            self.requests += 1
-        elif kind == "session_ended":
-            self.ended, self.outcome = True, data.get("outcome")
-            steps = data.get("steps")
-            if isinstance(steps, int):
-                self.steps = max(self.steps, steps)
-        elif kind == "session_resumed":
-            self.ended, self.outcome = False, None
-            if data.get("system_style") in SYSTEM_STYLES:
-                self.system_style = data["system_style"]
-        elif kind in ("subtask_started", "subtask_finished"):
-            handle = data.get("handle")
-            if isinstance(handle, str):
-                self.subtasks[handle] = "started" if kind == "subtask_started" \
-                    else str(data.get("outcome"))
 
     @property
     def system_blocks(self) -> tuple[str, ...]:

@@ -316,7 +316,7 @@ class _Session:
             listeners.append(on_progress)
         self.log = EventLog(self.events_path, host.session_id, listeners,
                             start_seq=self.state.last_seq)
-        self.step = self.state.steps
+        self.step = self.projection.snapshot.steps
         self.requests = 0
         self.last_prompt_tokens: int | None = None
         self.last_verdict: Verdict | None = None
@@ -393,7 +393,7 @@ class _Session:
         added = reconcile(self.state.entries, self.blocks)
         for entry in added:
             self.log.emit(SystemPromptEntry(entry.op, entry.text, entry.source))
-        previous = self.state.outcome if self.state.ended else None
+        previous = self.projection.snapshot.outcome  # None: the last run never ended
         how = "" if previous is not None else " (the last run stopped without ending: it crashed)"
         self._close_crashed_run()
         for call_id in self.state.dangling_tool_calls():

@@ -1544,9 +1544,12 @@ class Host:
 
     def _call_load_artifact(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
         artifact_id = args.get("artifact_id")
-        collected = _subtasks.collected_artifact(self, artifact_id) \
-            if isinstance(artifact_id, str) else None
-        row = collected if collected is not None else self._artifact_row(artifact_id)
+        try:
+            row = self._artifact_row(artifact_id)
+        except FileProblem:  # not this session's own: one a collected sub-task made?
+            row = _subtasks.collected_artifact(self, artifact_id)
+            if row is None:
+                raise
         target = args.get("path") or row["filename"]
         assert self.blobs is not None
         try:
