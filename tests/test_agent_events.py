@@ -198,6 +198,27 @@ def test_any_sequence_of_records_folds_without_raising(records: list[dict[str, A
     json.dumps(snap.to_dict())
 
 
+def test_new_kinds_with_fields_of_the_wrong_type_fold_and_render() -> None:
+    """Found by the property above: a sub-task's task that is not a string once made
+    render() raise. Each field of the wrong type is dropped or the record counted."""
+    records = [
+        {"kind": "subtask_started", "data": {"handle": "h", "task": {"a": 1}}},
+        {"kind": "subtask_finished", "data": {"handle": "h", "outcome": "x", "cost_usd": 1,
+                                              "session": {"x": 1}, "priced": "a"}},
+        {"kind": "session_resumed", "data": {"generation": True}},
+        {"kind": "tool_loaded", "data": {"name": {"x": 1}}},
+        {"kind": "system_prompt", "data": {"op": ["replace"]}},
+    ]
+    snap = Snapshot()
+    for record in records:
+        snap = fold(snap, record)
+    assert snap.subtasks[0].task is None and snap.subtasks[0].session is None
+    assert snap.subtasks[0].cost_usd == 1.0 and snap.loaded_tools == ()
+    assert snap.malformed == 1
+    assert "sub-tasks (1):" in snap.render()
+    json.dumps(snap.to_dict())
+
+
 # ----------------------------------------------------------------------------- replay
 
 

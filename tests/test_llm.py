@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 from scripted_llm import ScriptedLLMServer, SSEStream, chat_reply, content_chunks
 
 from host_kernel.llm import (

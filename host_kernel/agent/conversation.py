@@ -100,9 +100,10 @@ class ConversationState:
                 continue
             answered = {m.get("tool_call_id") for m in self.history[i + 1:]
                         if m.get("role") == "tool"}
-            return [str(c["id"]) for c in message.get("tool_calls") or ()
-                    if isinstance(c, Mapping) and isinstance(c.get("id"), str)
-                    and c["id"] not in answered]
+            calls = message.get("tool_calls")
+            return [str(c["id"]) for c in calls if isinstance(c, Mapping)
+                    and isinstance(c.get("id"), str) and c["id"] not in answered] \
+                if isinstance(calls, list) else []
         return []
 
 

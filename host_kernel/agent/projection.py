@@ -429,7 +429,9 @@ def _message(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapsho
 
 
 def _tool_loaded(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
-    name = str(d["name"])
+    name = d["name"]
+    if not isinstance(name, str):
+        raise TypeError("a tool name is a string")  # counted as malformed
     if name in s.loaded_tools:
         return s
     return dataclasses.replace(s, loaded_tools=(*s.loaded_tools, name))
@@ -441,25 +443,29 @@ def _session_resumed(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) ->
                                kernel_generation=generation or s.kernel_generation)
 
 
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _subtask_started(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
-    task = SubtaskSummary(str(d["handle"]), "started", d.get("task"))
+    task = SubtaskSummary(str(d["handle"]), "started", _str_or_none(d.get("task")))
     return dataclasses.replace(s, subtasks=(*s.subtasks, task))
 
 
 def _subtask_finished(s: Snapshot, d: Mapping[str, Any], r: Mapping[str, Any]) -> Snapshot:
     cost = d.get("cost_usd")
     usd = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None
+    session = _str_or_none(d.get("session"))
+    priced, unpriced = _int_or_none(d.get("priced")) or 0, _int_or_none(d.get("unpriced")) or 0
     tasks = list(s.subtasks)
     for i, t in enumerate(tasks):
-        if t.handle == d["handle"]:
+        if t.handle == str(d["handle"]):
             tasks[i] = dataclasses.replace(
                 t, state=str(d["outcome"]), accepted=bool(d.get("accepted")),
-                session=d.get("session"), cost_usd=usd, priced=int(d.get("priced") or 0),
-                unpriced=int(d.get("unpriced") or 0))
+                session=session, cost_usd=usd, priced=priced, unpriced=unpriced)
             return dataclasses.replace(s, subtasks=tuple(tasks))
     tasks.append(SubtaskSummary(str(d["handle"]), str(d["outcome"]), None,
-                                bool(d.get("accepted")), d.get("session"), usd,
-                                int(d.get("priced") or 0), int(d.get("unpriced") or 0)))
+                                bool(d.get("accepted")), session, usd, priced, unpriced))
     return dataclasses.replace(s, subtasks=tuple(tasks))
 
 

@@ -1547,7 +1547,7 @@ class Host:
         try:
             row = self._artifact_row(artifact_id)
         except FileProblem:  # not this session's own: one a collected sub-task made?
-            row = _subtasks.collected_artifact(self, artifact_id)
+            row = _subtasks.collected_artifact(self, str(artifact_id))
             if row is None:
                 raise
         target = args.get("path") or row["filename"]
