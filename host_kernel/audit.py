@@ -416,3 +416,215 @@ def print_progress(stage: str, done: int, total: int) -> None:
     if total >= 1000:
         print(f"\raudit: {stage} {done}/{total}", end="" if done < total else "\n",
               file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------- a PostgreSQL ledger
+
+
+def audit_ledger(url: str, *, sessions: list[str] | None = None, since: float | None = None,
+                 key: bytes | None = None, blobs: str | None = None, strict: bool = False,
+                 progress: Progress = _no_progress) -> AuditReport:
+    """Audit a PostgreSQL ledger: every session in it, or those named (``sessions``: ids
+    or unique prefixes), or those started at or after ``since`` (a Unix time).
+
+    Each session's chain and every event's MAC (``key``: default, the ledger's key file,
+    as :func:`host_kernel.store.pg.ledger_key` finds it; without one, ``macs_unchecked``),
+    the projection rows of those sessions against their events, then the same checks as
+    for a record folder over the rebuilt projection: the blobs the sessions name
+    (artifacts, receipts' outputs, collected sub-tasks'), lineage drift, and every
+    accepted submission re-verified. Blobs are read from ``blobs`` (an fsspec URL), else
+    from the store the sessions recorded (``session_started``'s ``blobs``), else from
+    each session's own record folder when it is on this machine; a blob found in none is
+    ``blob_missing``. Read-only throughout.
+    """
+    from .store.pg import PostgresLedger, ledger_key, redact_url
+
+    report = AuditReport(redact_url(url))
+    try:
+        ledger = PostgresLedger.open_readonly(url)
+    except RecordError as exc:
+        report.findings.append(Finding("record_unreadable", report.record, exc.message))
+        return report
+    try:
+        with collector_paused():
+            _audit_ledger(ledger, report, sessions, since, key, blobs, strict, progress,
+                          ledger_key)
+    except RecordError as exc:
+        report.findings.append(Finding("record_unreadable", report.record, exc.message))
+    finally:
+        ledger.close()
+    return report
+
+
+def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
+                     report: AuditReport) -> list[str] | None:
+    """The sessions to audit (None: all of them); a name that matches none is a finding."""
+    if names is None and since is None:
+        return None
+    everyone = [(r["session"], r["ts"]) for r in ledger.query(
+        "SELECT session, ts FROM events WHERE n = 1 ORDER BY seq")]
+    chosen = [s for s, ts in everyone if since is None or ts >= since]
+    if names is not None:
+        picked: list[str] = []
+        for name in names:
+            hits = [s for s in chosen if s == name] or [s for s in chosen if s.startswith(name)]
+            if len(hits) != 1:
+                report.findings.append(Finding(
+                    "record_missing", f"session {name}",
+                    "no session of the ledger has this id or prefix" if not hits else
+                    f"the prefix names {len(hits)} sessions; give more of the id"))
+                continue
+            picked.append(hits[0])
+        chosen = picked
+    return chosen
+
+
+def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
+                  since: float | None, key: bytes | None, blobs_url: str | None, strict: bool,
+                  progress: Progress, ledger_key: Callable[..., bytes]) -> None:
+    where = report.record
+    if not ledger.has_table("events"):
+        report.findings.append(Finding("ledger_empty", where, "the database holds no ledger "
+                                                              "(no events table)"))
+        return
+    chosen = _select_sessions(ledger, names, since, report)
+    if chosen is not None and not chosen:
+        if not report.findings:
+            report.findings.append(Finding("ledger_empty", where, "no session matches"))
+        return
+    count_sql = "SELECT count(*) FROM events"
+    params: tuple[str, ...] = ()
+    if chosen is not None:
+        count_sql += f" WHERE session IN ({', '.join('?' * len(chosen))})"
+        params = tuple(chosen)
+    report.events = int(ledger.query(count_sql, params)[0][0])
+    if report.events == 0:
+        report.findings.append(Finding("ledger_empty", where, "the ledger holds no events; an "
+                                                              "empty record is no evidence"))
+        return
+    progress("chain", 0, report.events)
+    for one in [None] if chosen is None else chosen:
+        for problem in check_chain(ledger, one):
+            report.findings.append(Finding("chain_broken", f"event {problem.seq}",
+                                           problem.problem))
+    progress("chain", report.events, report.events)
+    if key is None:
+        try:
+            key = ledger_key(ledger.url, create=False)
+        except RecordRefused as exc:
+            report.findings.append(Finding("macs_unchecked", where, f"{exc.message}; the "
+                                           f"events' MACs were not checked, only their chains",
+                                           fatal=False))
+    if key is not None:
+        for one in [None] if chosen is None else chosen:
+            for problem in check_macs(ledger, key, one):
+                report.findings.append(Finding("event_unauthenticated", f"event {problem.seq}",
+                                               problem.problem))
+    trusted = rebuild(ledger, sessions=chosen) if chosen is not None else rebuild(ledger)
+    try:
+        for drift in projection_drift(ledger, trusted, chosen):
+            report.findings.append(Finding("projection_drift", f"{drift.table} {drift.key}",
+                                           drift.problem))
+        blobs = _ledger_blobs(trusted, blobs_url, report)
+        _check_named_blobs(trusted, blobs, report, progress)
+        _check_receipts(trusted, blobs, report)
+        _check_lineage(trusted, blobs, report, strict)
+        _check_submissions(trusted, blobs, report, None)
+        open_sessions = trusted.query("SELECT session FROM sessions WHERE ended IS NULL")
+        if open_sessions:
+            report.findings.append(Finding(
+                "sessions_open", where, f"{len(open_sessions)} sessions have not ended (still "
+                f"running, or their Host died and no Host has closed them yet): "
+                f"{', '.join(r[0] for r in open_sessions[:5])}", fatal=False))
+    finally:
+        trusted.close()
+
+
+class _BlobSources:
+    """Blobs read from the first of several stores that has them, each read verified."""
+
+    def __init__(self, stores: list[Any]) -> None:
+        self.stores = stores
+
+    def _find(self, sha256: str) -> Any:
+        for store in self.stores:
+            if store.exists(sha256):
+                return store
+        return None
+
+    def exists(self, sha256: str) -> bool:
+        return self._find(sha256) is not None
+
+    def hash_of(self, sha256: str) -> str | None:
+        store = self._find(sha256)
+        return None if store is None else store.hash_of(sha256)
+
+    def read(self, sha256: str) -> bytes:
+        store = self._find(sha256)
+        if store is None:
+            return self.stores[0].read(sha256) if self.stores else b""
+        return bytes(store.read(sha256))
+
+    def open(self, sha256: str) -> Any:
+        store = self._find(sha256) or (self.stores[0] if self.stores else None)
+        if store is None:
+            raise FileNotFoundError(sha256)
+        return store.open(sha256)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+
+def _ledger_blobs(trusted: SQLiteLedger, url: str | None, report: AuditReport) -> Any:
+    """Where an audited ledger's blobs are: the store given, or those the sessions named,
+    then each session's record folder on this machine (all read-only)."""
+    from .store.fsblobs import FsspecBlobStore
+
+    stores: list[Any] = []
+    named: list[str] = []
+    folders: list[Path] = []
+    for row in trusted.query("SELECT body FROM events WHERE kind = 'session_started' "
+                             "ORDER BY seq"):
+        body = json.loads(row["body"])
+        if isinstance(body.get("blobs"), str) and body["blobs"] not in named:
+            named.append(body["blobs"])
+        if isinstance(body.get("record_dir"), str):
+            folders.append(Path(body["record_dir"]))
+    for one in [url] if url is not None else named:
+        if one is None:
+            continue
+        try:
+            stores.append(FsspecBlobStore(one))
+        except RecordError as exc:
+            report.findings.append(Finding("blobs_unreadable", one, exc.message, fatal=False))
+    for folder in dict.fromkeys(folders):
+        if (folder / "blobs" / "sha256").is_dir():
+            stores.append(_blob_store(folder))
+    return _BlobSources(stores)
+
+
+def _check_named_blobs(ledger: SQLiteLedger, blobs: Any, report: AuditReport,
+                       progress: Progress) -> None:
+    """Every blob an audited ledger's sessions name, present and hashing to its name."""
+    names: dict[str, str] = {}
+    for row in ledger.query("SELECT artifact_id, filename, sha256 FROM artifacts ORDER BY seq"):
+        report.artifacts += 1
+        names.setdefault(row["sha256"], f"artifact {row['artifact_id']} ({row['filename']})")
+    for row in ledger.query("SELECT body FROM events WHERE kind = 'subtask_collected' "
+                            "ORDER BY seq"):
+        body = json.loads(row["body"])
+        for artifact in body.get("artifacts", ()):
+            names.setdefault(str(artifact.get("sha256")),
+                             f"sub-task {body.get('handle')} artifact "
+                             f"{artifact.get('artifact_id')}")
+    for i, (sha, what) in enumerate(names.items(), 1):
+        actual = blobs.hash_of(sha) if len(sha) == 64 else None
+        report.blobs += 1
+        if actual is None:
+            report.findings.append(Finding("blob_missing", what, "its blob is in no store the "
+                                                                 "audit could read"))
+        elif actual != sha:
+            report.findings.append(Finding("blob_altered", f"blob {sha}",
+                                           "stored bytes do not hash to the blob's name"))
+        if i % 1000 == 0:
+            progress("blobs", i, len(names))

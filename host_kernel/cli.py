@@ -109,6 +109,32 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require-confinement", action="store_true",
                         help="refuse to run where Landlock confinement is unavailable "
                              "(exit 1) instead of running unconfined")
+    add_store_arguments(parser)
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ledger URL`` and ``--blobs URL``: where a Host keeps its record beyond the record
+    folder (docs/scale.md); ``exec``, ``run`` and ``batch`` take them."""
+    parser.add_argument("--ledger", metavar="URL", default=None,
+                        help="keep the ledger in the PostgreSQL database at URL "
+                             "(postgresql://user@host:port/db) instead of the record folder's "
+                             "SQLite file; the record key is read from $HOST_KERNEL_LEDGER_KEY "
+                             "or made once per database under $XDG_CONFIG_HOME/host_kernel")
+    parser.add_argument("--blobs", metavar="URL", default=None,
+                        help="also write every blob to this fsspec store (s3://bucket/prefix, "
+                             "file:///shared/path, …), where audit --ledger finds them")
+
+
+def store_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Host keywords of :func:`add_store_arguments`' options, checked."""
+    from .store.pg import is_postgres_url
+
+    ledger, blobs = getattr(args, "ledger", None), getattr(args, "blobs", None)
+    if ledger is not None and not is_postgres_url(ledger):
+        raise UsageError(f"--ledger takes a postgresql:// URL, not {ledger!r}")
+    if blobs is not None and "://" not in blobs:
+        blobs = Path(blobs).resolve().as_uri()  # a plain path: a shared file system
+    return {"ledger": ledger, "blobs": blobs}
 
 
 def _read_notebook(path: Path) -> Any:
@@ -239,7 +265,7 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     stopped_at: int | None = None
     host = Host(workdir, mode=mode, record_dir=record, front="cli",
                 network=not args.no_network, require_confinement=args.require_confinement,
-                pool=pool)
+                pool=pool, **store_options(args))
     t0 = time.monotonic()
     try:
         host.start()
@@ -270,12 +296,20 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     if failures:
         detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) + ")"
     stopped = f", stopped at cell {stopped_at}" if stopped_at is not None else ""
+    where = f"{host.record_dir}" if host.ledger_url is None else \
+        f"session {host.session_id} in --ledger {_redact(host.ledger_url)}"
     _print(f"=== {_plural(ran, 'cell')} run, {_plural(errors, 'error')}{detail}{stopped}, "
-           f"{time.monotonic() - t0:.1f} s; record: {host.record_dir}")
+           f"{time.monotonic() - t0:.1f} s; record: {where}")
     head = _final_head(host)
     if head is not None:
         _print(f"head: {head}")
     return EXIT_FAILED if errors else EXIT_OK
+
+
+def _redact(url: str) -> str:
+    from .store.pg import redact_url
+
+    return redact_url(url)
 
 
 def _final_head(host: Any) -> str | None:
@@ -387,16 +421,65 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-run every accepted submission's test evidence from the record "
                              "(declared files and baseline from the blob store), confined, and "
                              "fail (reproduction_differs) when an outcome differs")
+    group = parser.add_argument_group("a PostgreSQL ledger (docs/scale.md)")
+    group.add_argument("--ledger", metavar="URL", default=None,
+                       help="audit the PostgreSQL ledger at URL (postgresql://…) instead of a "
+                            "record folder: every session in it, or those --session or --since "
+                            "select; its record key is read from $HOST_KERNEL_LEDGER_KEY or "
+                            "the key file its writers made")
+    group.add_argument("--session", metavar="ID", action="append", default=None,
+                       help="with --ledger: audit this session (an id or a unique prefix); "
+                            "give it again for more")
+    group.add_argument("--since", metavar="WHEN", type=_since, default=None,
+                       help="with --ledger: only sessions started at or after WHEN (an ISO "
+                            "date or time, e.g. 2026-12-01 or 2026-12-01T18:00, UTC unless it "
+                            "says otherwise; or a Unix time)")
+    group.add_argument("--blobs", metavar="URL", default=None,
+                       help="with --ledger: the blob store to check blobs in (an fsspec URL); "
+                            "default: the store the sessions recorded, then their record "
+                            "folders on this machine")
+
+
+def _since(value: str) -> float:
+    import datetime as dt
+
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected an ISO date or time, or a Unix time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
 
 
 def _audit_run(args: argparse.Namespace) -> int:
     import json
 
-    from .audit import audit, print_progress
+    from .audit import audit, audit_ledger, print_progress
 
-    report = audit(record_argument(args), strict=args.strict,
-                   expect_head=args.expect_head, reproduce=args.reproduce,
-                   progress=print_progress if not args.json else lambda *a: None)
+    progress = print_progress if not args.json else lambda *a: None
+    if args.ledger is not None:
+        if args.record is not None or args.record_option is not None:
+            raise UsageError("give a record folder or --ledger URL, not both")
+        if args.expect_head is not None or args.reproduce:
+            raise UsageError("--expect-head and --reproduce work on a record folder, not "
+                             "with --ledger")
+        from .store.pg import is_postgres_url
+
+        if not is_postgres_url(args.ledger):
+            raise UsageError(f"--ledger takes a postgresql:// URL, not {args.ledger!r}")
+        report = audit_ledger(args.ledger, sessions=args.session, since=args.since,
+                              blobs=args.blobs, strict=args.strict, progress=progress)
+    else:
+        if args.session is not None or args.since is not None or args.blobs is not None:
+            raise UsageError("--session, --since and --blobs go with --ledger URL")
+        report = audit(record_argument(args), strict=args.strict,
+                       expect_head=args.expect_head, reproduce=args.reproduce,
+                       progress=progress)
     if args.json:
         _print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -597,7 +680,7 @@ COMMANDS: list[Command] = [EXEC, AUDIT, LS, SHOW, LINEAGE, RECEIPT]
 #: Modules that each define ``COMMANDS: list[Command]`` (the kernelspec front, the
 #: agent loop, the MCP server, the record viewer); loaded when the parser is built.
 COMMAND_MODULES = ("host_kernel.control.commands", "host_kernel.agent.commands",
-                   "host_kernel.viewer.commands")
+                   "host_kernel.viewer.commands", "host_kernel.batch.commands")
 
 
 def all_commands() -> list[Command]:

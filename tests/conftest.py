@@ -119,3 +119,34 @@ def fresh(workdir: Path) -> Iterator[Host]:
     with Host(workdir, mode="reusable_pipeline") as h:
         h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
         yield h
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    """One real PostgreSQL server for the whole run (tests/_pg.py), started on first use.
+
+    Skips, loudly, only where no server can run here; under CI a missing server fails.
+    """
+    import _pg
+
+    why = _pg.unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"no PostgreSQL server can run under CI: {why}")
+        pytest.skip(f"NO POSTGRESQL SERVER: {why}")
+    server = _pg.PgServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: object) -> Iterator[str]:
+    """The URL of a new, empty database on the suite's PostgreSQL server, dropped after."""
+    url = pg_server.create_database()  # type: ignore[attr-defined]
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)  # type: ignore[attr-defined]

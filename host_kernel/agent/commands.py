@@ -25,6 +25,8 @@ from ..cli import (
     Command,
     CommandFailed,
     UsageError,
+    add_store_arguments,
+    store_options,
     writable_record,
 )
 
@@ -114,6 +116,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subtask-timeout", metavar="S", type=float, default=None,
                         help="a sub-task's wall-clock limit in seconds (default 900)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_store_arguments(parser)
 
 
 def _run_run(args: argparse.Namespace) -> int:
@@ -175,6 +178,7 @@ def _run_run(args: argparse.Namespace) -> int:
 
     from .._errors import HostKernelError
 
+    store = store_options(args)
     with LLMClient(config) as llm:
         try:
             result = run_agent(
@@ -184,7 +188,7 @@ def _run_run(args: argparse.Namespace) -> int:
                 stream=args.stream, max_tokens=args.max_tokens, temperature=args.temperature,
                 cell_timeout=args.cell_timeout, prices=prices, resume=resume,
                 budget_usd=args.budget_usd, system_style=args.system_style,
-                delegation=DelegationConfig(**bounds))
+                delegation=DelegationConfig(**bounds), **store)
         except HostKernelError as exc:
             what = "the session could not be resumed" if resume else "the Host could not start"
             raise CommandFailed(f"{what}: {exc}") from None

@@ -851,6 +851,9 @@ def run_agent(
     on_host: Callable[[Host], None] | None = None,
     hide_paths: tuple[str | Path, ...] = (),
     parent: dict[str, str] | None = None,
+    ledger: str | None = None,
+    ledger_key: bytes | None = None,
+    blobs: str | None = None,
 ) -> AgentResult:
     """Run one agent session on ``task`` in ``workdir`` and return how it ended.
 
@@ -879,7 +882,9 @@ def run_agent(
     its next model call; ``on_host`` sees the started Host (for a parent that may
     have to interrupt its kernel); ``hide_paths`` are folders the confined kernel may
     not read (a sub-task's parent workspace); ``parent`` links a sub-task's events to
-    the session and cell that delegated it.
+    the session and cell that delegated it. ``ledger``, ``ledger_key`` and ``blobs``
+    go to the Host: a PostgreSQL ledger by URL, its record key, an fsspec blob store
+    (docs/scale.md); the agent's own event stream stays in the record folder.
     """
     from ..skills import Catalog
     from .delegation import DelegationConfig, Delegator
@@ -925,7 +930,8 @@ def run_agent(
                           skills=catalog) if config else None
     host = Host(workdir, mode=mode, request=task if resume is None else None,
                 record_dir=record_dir, front="agent", pool=pool, spare=spare, resume=resume,
-                delegator=delegator, skills=catalog, hide_paths=hide_paths)
+                delegator=delegator, skills=catalog, hide_paths=hide_paths, ledger=ledger,
+                ledger_key=ledger_key, blobs=blobs)
     worker = HostThread()  # made once the Host's arguments were accepted: never left running
     try:
         worker.call(host.start)

@@ -60,6 +60,7 @@ from ..sandbox.policy import Policy, ruleset_spec, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
+from ..store.pg import PostgresLedger, is_postgres_url, key_file, redact_url
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from . import _subtasks
 from ._bash import CommandContext, Redactor, kill_group, run_command
@@ -155,6 +156,9 @@ class Host:
         resume: str | None = None,
         delegator: Any = None,
         skills: Any = None,
+        ledger: str | None = None,
+        ledger_key: bytes | None = None,
+        blobs: str | None = None,
     ) -> None:
         root = Path(workdir)
         if not root.is_dir():
@@ -169,8 +173,24 @@ class Host:
         #: Folders the confined kernel may not even read (a sub-task's parent workspace,
         #: all of it but the folder the sub-task works in).
         self.hide_paths = tuple(str(p) for p in hide_paths)
-        #: Names of the Host's own secrets, never put into the kernel's environment.
-        self.hide_env = frozenset(hide_env) | _llm_key_names(llm)
+        if ledger is not None and not is_postgres_url(ledger):
+            raise BadArguments("ledger must be a postgresql:// URL, or None for the SQLite "
+                               "ledger in the record folder")
+        if ledger_key is not None and (not isinstance(ledger_key, bytes) or ledger is None):
+            raise BadArguments("ledger_key must be the bytes of a PostgreSQL ledger's record "
+                               "key, given with ledger=")
+        if blobs is not None and not isinstance(blobs, str):
+            raise BadArguments("blobs must be an fsspec URL (s3://bucket/prefix, "
+                               "file:///shared/path) or None")
+        #: The PostgreSQL ledger's URL (docs/scale.md); None: SQLite in the record folder.
+        self.ledger_url = ledger
+        self._ledger_key = ledger_key
+        #: Where artifacts' blobs are written through to (an fsspec URL); None: local only.
+        self.blobs_url = blobs
+        #: Names of the Host's own secrets, never put into the kernel's environment: an LLM
+        #: key's, and with a PostgreSQL ledger libpq's own (a password, its files).
+        self.hide_env = frozenset(hide_env) | _llm_key_names(llm) | (
+            _PG_ENV if ledger is not None else frozenset())
         if reproduce_timeout is not None and (isinstance(reproduce_timeout, bool) or not
                                               isinstance(reproduce_timeout, (int, float))
                                               or reproduce_timeout <= 0):
@@ -261,7 +281,7 @@ class Host:
         self._launch_env: dict[str, str] = {}
         self._runtime_dir: Path | None = None
         self._server: CallServer | None = None
-        self.ledger: SQLiteLedger | None = None
+        self.ledger: SQLiteLedger | PostgresLedger | None = None
         self.blobs: FileBlobStore | None = None
         self._calls: dict[str, Callable[[_RunningCell, dict[str, Any], Emit], Any]] = {
             "ping": self._call_ping,
@@ -309,8 +329,7 @@ class Host:
                 f"outside it (leave record_dir unset for {default_record_dir(self.workdir)})")
         self.record_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.record_dir, 0o700)
-        self.ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
-        self.blobs = FileBlobStore(self.record_dir)
+        self.ledger, self.blobs = self._open_stores()
         self.blobs.sweep()
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
@@ -327,7 +346,8 @@ class Host:
                 self._launch_env["HOST_KERNEL_CONFINED"] = "1"
                 self._policy = Policy.for_session(
                     self.workdir, self._private_dir,
-                    [self.record_dir, *_llm_key_file(self.llm), *self.hide_paths],
+                    [self.record_dir, *_llm_key_file(self.llm), *self._ledger_secrets(),
+                     *self.hide_paths],
                     network=self.network, extra_read=self.read_paths)
                 confinement = probe(self._policy, network=self.network)
                 if not confinement.active and self.require_confinement:
@@ -348,6 +368,45 @@ class Host:
             raise
         self.state = HostState.OPEN
         return self
+
+    def _open_stores(self) -> tuple[SQLiteLedger | PostgresLedger, FileBlobStore]:
+        """The ledger (SQLite in the record folder, or PostgreSQL by URL) and the blob
+        store (the record folder's, written through to ``blobs`` when given)."""
+        ledger: SQLiteLedger | PostgresLedger
+        if self.ledger_url is None:
+            ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
+        else:
+            ledger = PostgresLedger(self.ledger_url, key=self._ledger_key)
+        try:
+            if self.blobs_url is None:
+                return ledger, FileBlobStore(self.record_dir)
+            from ..store.fsblobs import MirroredBlobStore
+
+            return ledger, MirroredBlobStore(self.record_dir, self.blobs_url)
+        except BaseException:
+            ledger.close()
+            raise
+
+    def _stores_named(self) -> dict[str, str]:
+        """Where the record lives when it is not all in the record folder (no password)."""
+        named = {}
+        if self.ledger_url is not None:
+            named["ledger"] = redact_url(self.ledger_url)
+        if self.blobs_url is not None:
+            named["blobs"] = redact_url(self.blobs_url)
+        return named
+
+    def _ledger_secrets(self) -> list[str]:
+        """Files the kernel must not read because they open the ledger: a PostgreSQL
+        ledger's record key and libpq's password and service files."""
+        if self.ledger_url is None:
+            return []
+        home = Path.home()
+        found = [key_file(self.ledger_url), home / ".pgpass", home / ".pg_service.conf"]
+        for name in ("PGPASSFILE", "PGSERVICEFILE"):
+            if os.environ.get(name):
+                found.append(Path(os.environ[name]))
+        return [str(p) for p in found if p.exists()]
 
     def _take_standby(self, confinement: Confinement) -> None:
         """A standby kernel from the pool, when it can serve this session; else why not."""
@@ -416,6 +475,10 @@ class Host:
         if self.resume_session is not None:
             self._take_up(self.resume_session)
             return
+        if isinstance(self.ledger, PostgresLedger):
+            # Held while this Host lives: another Host then knows the session is not
+            # abandoned (the server lets the lock go when this process dies).
+            self.ledger.claim(self.session_id)
         self._append("session_started", {
             "workdir": str(self.workdir), "record_dir": str(self.record_dir),
             "mode": {"name": self.mode.name, "armed": self.mode.armed,
@@ -423,7 +486,7 @@ class Host:
             "request": self.request, "host_version": _version.__version__,
             "front": self.front, "pid": os.getpid(), "host": socket.gethostname(),
             "confinement": None if self.confinement is None else self.confinement.to_dict(),
-            "kernel_env": sorted(self._launch_env),
+            "kernel_env": sorted(self._launch_env), **self._stores_named(),
         })
         if self.mode.enforced and self.mode.name == "codebase_change":
             # Before any cell runs: the bytes the change applies to, kept where the
@@ -443,6 +506,10 @@ class Host:
                 yield
             finally:
                 self._lock_depth -= 1
+            return
+        if isinstance(self.ledger, PostgresLedger):
+            # Sessions are held one by one (PostgresLedger.claim): no record-wide lock.
+            yield
             return
         path = self.record_dir / "sessions.lock"
         try:
@@ -486,7 +553,8 @@ class Host:
         rewritten: memory of the earlier generations is gone, and the record says so.
         """
         assert self.ledger is not None
-        problems = check_chain(self.ledger)
+        pg = self.ledger if isinstance(self.ledger, PostgresLedger) else None
+        problems = check_chain(self.ledger, session)
         if problems:
             raise RecordError(f"cannot resume session {session}: the record's chain is broken "
                               f"({problems[0]}); `host-kernel audit {self.record_dir}`")
@@ -512,8 +580,13 @@ class Host:
             elif row["kind"] == "generation_started":
                 generation = max(generation, int(json.loads(row["body"])["generation"]))
         pid = last_start.get("pid")
-        if ended is None and (last_start.get("host") != socket.gethostname()
-                          or not isinstance(pid, int) or pid_alive(pid)):
+        if pg is not None:
+            if not pg.try_claim(session):
+                raise RecordError(f"session {session} is still running (its Host on "
+                                  f"{last_start.get('host')} is connected to the ledger); it "
+                                  f"can be resumed once it ends", code="session_running")
+        elif ended is None and (last_start.get("host") != socket.gethostname()
+                                or not isinstance(pid, int) or pid_alive(pid)):
             raise RecordError(f"session {session} is still running (Host process {pid} on "
                               f"{last_start.get('host')}); it can be resumed once it ends",
                               code="session_running")
@@ -556,6 +629,9 @@ class Host:
         A session whose Host process is still alive on this machine is left alone.
         """
         assert self.ledger is not None
+        if isinstance(self.ledger, PostgresLedger):
+            self._close_abandoned_pg(self.ledger)
+            return
         me = socket.gethostname()
         latest: dict[str, dict[str, Any]] = {}  # the Host process that holds each session
         for row in self.ledger.query(
@@ -574,6 +650,27 @@ class Host:
                     "execution_count": None, "recovered_by": self.session_id})
             self.ledger.append(session, "session_ended", {
                 "reason": "host_died", "recovered_by": self.session_id})
+
+    def _close_abandoned_pg(self, ledger: PostgresLedger) -> None:
+        """The PostgreSQL ledger's sessions whose Host is gone (no connection holds their
+        lock, on any machine) are closed as on SQLite, then let go."""
+        for row in ledger.query("SELECT session FROM sessions WHERE ended IS NULL AND "
+                                "session != ? ORDER BY started", (self.session_id,)):
+            session = row["session"]
+            if not ledger.try_claim(session):
+                continue  # its Host is alive (or another Host is closing it right now)
+            try:
+                ended = ledger.query("SELECT ended FROM sessions WHERE session = ?", (session,))
+                if ended and ended[0]["ended"] is None:  # not closed meanwhile
+                    for cell in ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
+                                             "status = 'running'", (session,)):
+                        ledger.append(session, "cell_finished", {
+                            "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
+                            "execution_count": None, "recovered_by": self.session_id})
+                    ledger.append(session, "session_ended", {
+                        "reason": "host_died", "recovered_by": self.session_id})
+            finally:
+                ledger.release(session)
 
     def close(self) -> str | None:
         """Stop the kernel, the call server and the ledger. Safe to call twice.
@@ -1370,7 +1467,7 @@ class Host:
     def _trusted_projection(self) -> SQLiteLedger:
         """Projections rebuilt from events whose chain and hashes this Host vouches for."""
         assert self.ledger is not None
-        problems = check_chain(self.ledger)
+        problems = check_chain(self.ledger, self.session_id)
         if problems:
             raise RecordError(f"the ledger's hash chain is broken ({problems[0]})")
         rows = self.ledger.query("SELECT seq, hash FROM events WHERE session = ?",
@@ -1379,7 +1476,7 @@ class Host:
         if on_disk != self._appended:
             raise RecordError("the ledger's events for this session are not the ones this Host "
                               "wrote (edited behind its back)")
-        return rebuild(self.ledger)
+        return rebuild(self.ledger, self.session_id)
 
     # -- files
 
@@ -1575,6 +1672,13 @@ class Host:
                          r["media_type"], r["cell_id"], r["generation"],
                          r["source_path"]).to_dict() for r in rows]
 
+
+
+#: libpq's environment: where the database is, and the credentials that open it. With a
+#: PostgreSQL ledger none of it reaches the kernel (docs/trust.md).
+_PG_ENV = frozenset({"PGPASSWORD", "PGPASSFILE", "PGSERVICE", "PGSERVICEFILE", "PGSSLKEY",
+                     "PGSSLCERT", "PGSSLROOTCERT", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER",
+                     "PGDATABASE"})
 
 
 def _llm_key_names(llm: Any) -> frozenset[str]:

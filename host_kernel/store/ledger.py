@@ -75,6 +75,7 @@ __all__ = [
     "event_mac",
     "load_record_key",
     "projection_rows",
+    "read_events",
     "rebuild",
 ]
 
@@ -254,9 +255,11 @@ class Ledger(Protocol):
 
     def events(self, session: str | None = None) -> Iterator[Event]: ...
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]: ...
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
 
     def head(self) -> Head | None: ...
+
+    def has_table(self, name: str) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -734,14 +737,7 @@ class SQLiteLedger:
                                (name,)))
 
     def events(self, session: str | None = None) -> Iterator[Event]:
-        sql = "SELECT * FROM events"
-        params: tuple[Any, ...] = ()
-        if session is not None:
-            sql += " WHERE session = ?"
-            params = (session,)
-        for row in self.query(sql + " ORDER BY seq", params):
-            yield Event(row["seq"], row["session"], row["ts"], row["kind"],
-                        json.loads(row["body"]), row["prev"], row["hash"])
+        return read_events(self, session)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -761,6 +757,18 @@ class SQLiteLedger:
         self.close()
 
 
+def read_events(ledger: Ledger, session: str | None = None) -> Iterator[Event]:
+    """The ledger's events (``session``'s only, when given) in ``seq`` order."""
+    sql = "SELECT * FROM events"
+    params: tuple[Any, ...] = ()
+    if session is not None:
+        sql += " WHERE session = ?"
+        params = (session,)
+    for row in ledger.query(sql + " ORDER BY seq", params):
+        yield Event(row["seq"], row["session"], row["ts"], row["kind"],
+                    json.loads(row["body"]), row["prev"], row["hash"])
+
+
 def _foreign_message(problems: Sequence[ChainProblem], folder: str) -> str:
     seqs = sorted({p.seq for p in problems})
     shown = ", ".join(map(str, seqs[:10])) + (f" and {len(seqs) - 10} more" if len(seqs) > 10
@@ -774,12 +782,28 @@ def _foreign_message(problems: Sequence[ChainProblem], folder: str) -> str:
 
 def _mac_select(ledger: Ledger) -> str:
     """``mac``, or ``NULL AS mac`` for a ledger from before MACs (read-only, not migrated)."""
+    if _per_session(ledger):
+        return "mac"
     columns = ledger.query("SELECT name FROM pragma_table_info('events')")
     return "mac" if any(r[0] == "mac" for r in columns) else "NULL AS mac"
 
 
-def check_chain(ledger: Ledger) -> list[ChainProblem]:
-    """Walk the chain; return every place where it breaks (empty when intact)."""
+def _per_session(ledger: Ledger) -> bool:
+    """Whether each session has a chain of its own (PostgreSQL) rather than the whole file
+    one (SQLite)."""
+    return getattr(ledger, "chain_scope", "ledger") == "session"
+
+
+def check_chain(ledger: Ledger, session: str | None = None) -> list[ChainProblem]:
+    """Walk the chain; return every place where it breaks (empty when intact).
+
+    A ledger with a chain per session (PostgreSQL) walks each session's, or only
+    ``session``'s; SQLite's one chain is always walked whole.
+    """
+    if _per_session(ledger):
+        from .pg import session_chain_problems
+
+        return session_chain_problems(ledger, session)  # type: ignore[arg-type]
     problems: list[ChainProblem] = []
     prev = GENESIS
     expected_seq = 1
@@ -800,13 +824,22 @@ def check_chain(ledger: Ledger) -> list[ChainProblem]:
     return problems
 
 
-def check_macs(ledger: Ledger, key: bytes) -> list[ChainProblem]:
+def check_macs(ledger: Ledger, key: bytes, session: str | None = None) -> list[ChainProblem]:
     """Every event whose MAC the record key does not vouch for (empty when all do).
 
     Events with no MAC are accepted only before the first event that has one:
     they were written before the ledger had a ``mac`` column. A MAC-less event
     after that, or a MAC that does not match, was not written by a key holder.
     """
+    if _per_session(ledger):  # no events from before MACs there: every one must have one
+        where, params = ("WHERE session = ?", (session,)) if session is not None else ("", ())
+        return [ChainProblem(r["seq"], "has no MAC (not written by a holder of the record "
+                                       "key)" if r["mac"] is None else
+                             "its MAC does not match the record key (not written by a holder "
+                             "of the key)")
+                for r in ledger.query(f"SELECT seq, hash, mac FROM events {where} ORDER BY seq",
+                                      params)
+                if not _mac_ok(key, r["hash"], r["mac"])]
     problems: list[ChainProblem] = []
     seen_mac = False
     for row in ledger.query(f"SELECT seq, hash, {_mac_select(ledger)} FROM events ORDER BY seq"):
@@ -844,19 +877,33 @@ def collector_paused() -> Iterator[None]:
         gc.enable()
 
 
-def rebuild(ledger: Ledger) -> SQLiteLedger:
-    """Replay the events alone into a fresh in-memory ledger's projections."""
+def rebuild(ledger: Ledger, session: str | None = None,
+            sessions: Sequence[str] | None = None) -> SQLiteLedger:
+    """Replay the events alone into a fresh in-memory ledger's projections.
+
+    On a ledger with a chain per session (PostgreSQL), ``session`` (or ``sessions``)
+    replays only those sessions' events; SQLite's are always replayed whole.
+    """
     with collector_paused():
-        return _rebuild(ledger)
+        return _rebuild(ledger, session, sessions)
 
 
-def _rebuild(ledger: Ledger) -> SQLiteLedger:
+def _rebuild(ledger: Ledger, session: str | None,
+             sessions: Sequence[str] | None) -> SQLiteLedger:
     fresh = SQLiteLedger(None)
     conn = fresh._conn
     seq = 0
+    where: str = ""
+    params: tuple[Any, ...] = ()
+    if _per_session(ledger):
+        if session is not None:
+            where, params = "WHERE session = ?", (session,)
+        elif sessions is not None:
+            where, params = (f"WHERE session IN ({', '.join('?' * len(sessions))})"
+                             if sessions else "WHERE FALSE"), tuple(sessions)
     try:
         rows = ledger.query(f"SELECT seq, session, ts, kind, body, prev, hash, "
-                            f"{_mac_select(ledger)} FROM events ORDER BY seq")
+                            f"{_mac_select(ledger)} FROM events {where} ORDER BY seq", params)
         conn.execute("BEGIN")
         for row in rows:
             seq = row["seq"]

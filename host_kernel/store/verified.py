@@ -17,6 +17,7 @@ It never writes the record. It does not check blobs or re-verify submissions;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from .ledger import (
     rebuild,
 )
 
-__all__ = ["Drift", "event_count", "open_verified", "projection_drift", "record_folder"]
+__all__ = ["Drift", "event_count", "open_verified", "open_verified_ledger", "projection_drift",
+           "record_folder"]
 
 
 def record_folder(path: str | Path) -> Path:
@@ -72,29 +74,45 @@ def _key_text(values: tuple[Any, ...]) -> str:
     return "/".join(str(v) for v in values)
 
 
-def _table_rows(ledger: Ledger, table: str, key: str) -> dict[tuple[Any, ...],
-                                                              dict[str, Any]] | None:
-    if not ledger.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (table,)):
+def _no_nul(value: Any) -> Any:
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
+def _table_rows(ledger: Ledger, table: str, key: str, sessions: Sequence[str] | None = None,
+                nul: bool = False) -> dict[tuple[Any, ...], dict[str, Any]] | None:
+    if not ledger.has_table(table):
         return None
     names = [k.strip() for k in key.split(",")]
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in ledger.query(f"SELECT * FROM {table} ORDER BY {key}"):
+    where = ""
+    params: tuple[str, ...] = ()
+    if sessions is not None:
+        where = (f"WHERE session IN ({', '.join('?' * len(sessions))})" if sessions
+                 else "WHERE 1 = 0")
+        params = tuple(sessions)
+    for row in ledger.query(f"SELECT * FROM {table} {where} ORDER BY {key}", params):
         values = dict(zip(row.keys(), tuple(row), strict=True))
+        if nul:
+            values = {k: _no_nul(v) for k, v in values.items()}
         rows[tuple(values[n] for n in names)] = values
     return rows
 
 
-def projection_drift(stored: Ledger, rebuilt: Ledger) -> list[Drift]:
-    """Every difference between the projection tables of ``stored`` and of ``rebuilt``.
+def projection_drift(stored: Ledger, rebuilt: Ledger,
+                     sessions: Sequence[str] | None = None) -> list[Drift]:
+    """Every difference between the projection tables of ``stored`` and of ``rebuilt``
+    (only ``sessions``' rows, when given).
 
     Names the table, the row's key and the columns that differ, never the
-    values (a drifted value is not to be shown as if it meant something).
+    values (a drifted value is not to be shown as if it meant something). A
+    PostgreSQL projection stores U+FFFD for U+0000 (its text cannot hold it): the
+    rebuilt rows are compared with that replacement made.
     """
     found: list[Drift] = []
+    nul = getattr(stored, "dialect", "sqlite") == "postgresql"
     for table, key in PROJECTION_TABLES:
-        truth = _table_rows(rebuilt, table, key) or {}
-        disk = _table_rows(stored, table, key)
+        truth = _table_rows(rebuilt, table, key, sessions, nul=nul) or {}
+        disk = _table_rows(stored, table, key, sessions)
         if disk is None:
             if truth:
                 found.append(Drift(table, "*", "the table is missing from the ledger file"))
@@ -115,7 +133,7 @@ def projection_drift(stored: Ledger, rebuilt: Ledger) -> list[Drift]:
 
 def event_count(ledger: Ledger) -> int:
     """How many events the ledger holds; 0 when it has no events table at all."""
-    if not ledger.query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"):
+    if not ledger.has_table("events"):
         return 0
     return int(ledger.query("SELECT count(*) FROM events")[0][0])
 
@@ -171,4 +189,58 @@ def open_verified(record_dir: str | Path) -> SQLiteLedger:
         rebuilt.close()
         raise _refuse(drift, "the projection tables on disk disagree with the events",
                       "projection_drift", root)
+    return rebuilt
+
+
+def open_verified_ledger(url: str, session: str | None = None, *,
+                         key: bytes | None = None) -> SQLiteLedger:
+    """:func:`open_verified` for a PostgreSQL ledger: ``session``'s projection (or every
+    session's) rebuilt in memory from its checked chain, after the same checks.
+
+    ``key``: the ledger's record key (default: read from its key file when it can be,
+    as :func:`host_kernel.store.pg.ledger_key` finds it; without it the MACs are not
+    checked, as for a SQLite record whose key cannot be read). Refuses with the same
+    codes; ``record_missing`` when ``session`` has no events there.
+    """
+    from .pg import PostgresLedger, ledger_key, redact_url
+
+    where = f"--ledger {redact_url(url)}"
+    if key is None:
+        try:
+            key = ledger_key(url, create=False)
+        except RecordRefused:
+            key = None
+    with PostgresLedger.open_readonly(url) as stored:
+        if not stored.has_table("events"):
+            raise RecordRefused(f"the ledger at {redact_url(url)} holds no events",
+                                code="ledger_empty")
+        if session is not None and not stored.query(
+                "SELECT 1 FROM events WHERE session = ? LIMIT 1", (session,)):
+            raise RecordRefused(f"no session {session} in the ledger at {redact_url(url)}",
+                                code="record_missing")
+        problems = check_chain(stored, session)
+        if problems:
+            raise RecordRefused(f"the record's hash chain is broken ({problems[0]}); run "
+                                f"`host-kernel audit {where}`", code="chain_broken")
+        if key is not None:
+            forged = check_macs(stored, key, session)
+            if forged:
+                raise RecordRefused(f"the record holds events no holder of its key wrote "
+                                    f"({forged[0]}); run `host-kernel audit {where}`",
+                                    code="event_unauthenticated")
+        try:
+            rebuilt = rebuild(stored, session)
+        except RecordError as exc:
+            raise RecordRefused(exc.message, code="record_unreadable") from exc
+        try:
+            drift = projection_drift(stored, rebuilt,
+                                     None if session is None else [session])
+        except BaseException:
+            rebuilt.close()
+            raise
+    if drift:
+        rebuilt.close()
+        raise RecordRefused(f"the projection tables on disk disagree with the events "
+                            f"({drift[0]}); run `host-kernel audit {where}`",
+                            code="projection_drift")
     return rebuilt
