@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import RecordError
+from ._errors import HostKernelError, RecordError
 from ._paths import LEDGER_NAME
 from .host._workspace import file_sha256
 from .modes import TaskMode
@@ -579,6 +579,7 @@ def _ledger_blobs(trusted: SQLiteLedger, url: str | None, report: AuditReport) -
     """Where an audited ledger's blobs are: the store given, or those the sessions named,
     then each session's record folder on this machine (all read-only)."""
     from .store.fsblobs import FsspecBlobStore
+    from .store.pg import redact_url
 
     stores: list[Any] = []
     named: list[str] = []
@@ -595,8 +596,9 @@ def _ledger_blobs(trusted: SQLiteLedger, url: str | None, report: AuditReport) -
             continue
         try:
             stores.append(FsspecBlobStore(one))
-        except RecordError as exc:
-            report.findings.append(Finding("blobs_unreadable", one, exc.message, fatal=False))
+        except (HostKernelError, ValueError, ImportError) as exc:
+            report.findings.append(Finding("blobs_unreadable", redact_url(one),
+                                           f"the blob store cannot be opened: {exc}"))
     for folder in dict.fromkeys(folders):
         if (folder / "blobs" / "sha256").is_dir():
             stores.append(_blob_store(folder))
@@ -618,7 +620,11 @@ def _check_named_blobs(ledger: SQLiteLedger, blobs: Any, report: AuditReport,
                              f"sub-task {body.get('handle')} artifact "
                              f"{artifact.get('artifact_id')}")
     for i, (sha, what) in enumerate(names.items(), 1):
-        actual = blobs.hash_of(sha) if len(sha) == 64 else None
+        try:
+            actual = blobs.hash_of(sha) if len(sha) == 64 else None
+        except HostKernelError as exc:  # the store could not be reached: not proof of loss
+            report.findings.append(Finding("blobs_unreadable", what, str(exc)))
+            continue
         report.blobs += 1
         if actual is None:
             report.findings.append(Finding("blob_missing", what, "its blob is in no store the "

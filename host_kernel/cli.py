@@ -369,10 +369,11 @@ def resolve_record(record: str | None, workdir: str | None = None) -> Path:
 
 
 def add_record_arguments(parser: argparse.ArgumentParser, *, positional: bool,
-                         workdir: bool = False) -> None:
+                         workdir: bool = False, ledger: bool = True) -> None:
     """The record options every reading command takes: ``RECORD`` (when ``positional``)
     and ``--record DIR``, which mean the same (give one); ``--workdir DIR`` too when
-    ``workdir`` (for commands whose positional argument is an id)."""
+    ``workdir`` (for commands whose positional argument is an id); ``--ledger URL``
+    (a PostgreSQL ledger instead of a record folder) unless not ``ledger``."""
     what = "a record folder, or a workspace whose record is found"
     default = "the record of --workdir, else of the current directory" if workdir else \
         "the current directory's record"
@@ -387,14 +388,30 @@ def add_record_arguments(parser: argparse.ArgumentParser, *, positional: bool,
         parser.add_argument("--workdir", metavar="DIR", default=None,
                             help="the workspace whose record is read when --record is not "
                                  "given (default: the current directory)")
+    if ledger:
+        parser.add_argument("--ledger", metavar="URL", default=None,
+                            help="read the PostgreSQL ledger at URL (postgresql://…) instead "
+                                 "of a record folder: every session in it, verified")
 
 
-def record_argument(args: argparse.Namespace) -> Path:
-    """The record folder named by the arguments :func:`add_record_arguments` added."""
+def record_argument(args: argparse.Namespace) -> Any:
+    """The record named by the arguments :func:`add_record_arguments` added: a record
+    folder (a Path), or with ``--ledger`` a :class:`~host_kernel.store.verified.LedgerRecord`
+    that the readers open the same way."""
     record: str | None = getattr(args, "record", None)
     option: str | None = getattr(args, "record_option", None)
     if record is not None and option is not None and record != option:
         raise UsageError(f"two records given ({record} and --record {option}); give one")
+    url: str | None = getattr(args, "ledger", None)
+    if url is not None:
+        from .store.pg import is_postgres_url
+        from .store.verified import LedgerRecord
+
+        if record is not None or option is not None:
+            raise UsageError("give a record folder or --ledger URL, not both")
+        if not is_postgres_url(url):
+            raise UsageError(f"--ledger takes a postgresql:// URL, not {url!r}")
+        return LedgerRecord(url)
     return resolve_record(record if record is not None else option,
                           getattr(args, "workdir", None))
 
@@ -410,7 +427,7 @@ def _expect_head(value: str) -> str:
 
 
 def _audit_arguments(parser: argparse.ArgumentParser) -> None:
-    add_record_arguments(parser, positional=True)
+    add_record_arguments(parser, positional=True, ledger=False)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--strict", action="store_true",
                         help="treat lineage drift (an input file changed since) as a failure")

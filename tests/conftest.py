@@ -150,3 +150,15 @@ def pg_url(pg_server: object) -> Iterator[str]:
         yield url
     finally:
         pg_server.drop_database(url)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An S3 API on 127.0.0.1 (moto's server mode, tests/_s3.py) for one test module, with
+    the bucket ``_s3.BUCKET``; skips loudly where moto or s3fs is not installed."""
+    import _s3
+
+    if not _s3.HAVE_MOTO:
+        pytest.skip(_s3.NO_MOTO)
+    with _s3.moto_server(tmp_path_factory.mktemp("aws")) as endpoint:
+        yield endpoint

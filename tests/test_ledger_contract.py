@@ -413,3 +413,34 @@ def test_the_rebuilt_pg_projection_compares_equal_to_sqlite_rows(
     finally:
         lite.close()
         pg.close()
+
+
+def test_pg_every_reader_reads_a_ledger_verified(pg_url: str, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from host_kernel.cli import main
+
+    b = Backend("postgresql", tmp_path / "ws", tmp_path / "record", pg_url)
+    b.workdir.mkdir()
+    session = _session_with_everything(b)
+    with PostgresLedger.open_readonly(pg_url) as ledger:
+        artifact = ledger.query("SELECT artifact_id FROM artifacts")[0][0]
+        receipt = ledger.query("SELECT receipt_id FROM receipts")[0][0]
+    capsys.readouterr()
+    assert main(["ls", "--ledger", pg_url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["session"] for r in rows] == [session]
+    assert main(["show", session[:8], "--ledger", pg_url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "session"
+    assert main(["lineage", artifact, "--ledger", pg_url, "--format", "json"]) == 0
+    assert artifact in capsys.readouterr().out
+    assert main(["receipt", receipt, "--ledger", pg_url]) == 0
+    assert json.loads(capsys.readouterr().out)["_type"].startswith("https://in-toto.io")
+    out = tmp_path / "s.ipynb"
+    assert main(["export", "--ledger", pg_url, "--session", session, "-o", str(out)]) == 0
+    import nbformat
+
+    nbformat.validate(nbformat.read(out, as_version=4))
+    # A reader refuses a ledger that fails its checks, as for a record folder.
+    b.sql("UPDATE cells SET code = 'print(42)'")
+    assert main(["ls", "--ledger", pg_url]) == 1
+    assert "projection_drift" in capsys.readouterr().err

@@ -204,7 +204,7 @@ class _Stream:
         tail = self.decoder.decode(b"", final=True)
         self.tail = (self.tail + tail)[-TAIL_CHARS:]
         digest = self.hasher.hexdigest()
-        if blobs.exists(digest):
+        if blobs.stored(digest):
             os.unlink(self.tmp)
         else:
             # Same commit path as any blob: the spool already holds the bytes.

@@ -190,7 +190,8 @@ class Host:
         #: Names of the Host's own secrets, never put into the kernel's environment: an LLM
         #: key's, and with a PostgreSQL ledger libpq's own (a password, its files).
         self.hide_env = frozenset(hide_env) | _llm_key_names(llm) | (
-            _PG_ENV if ledger is not None else frozenset())
+            _PG_ENV if ledger is not None else frozenset()) | (
+            _BLOB_ENV if blobs is not None else frozenset())
         if reproduce_timeout is not None and (isinstance(reproduce_timeout, bool) or not
                                               isinstance(reproduce_timeout, (int, float))
                                               or reproduce_timeout <= 0):
@@ -397,15 +398,21 @@ class Host:
         return named
 
     def _ledger_secrets(self) -> list[str]:
-        """Files the kernel must not read because they open the ledger: a PostgreSQL
-        ledger's record key and libpq's password and service files."""
-        if self.ledger_url is None:
-            return []
+        """Files the kernel must not read because they open the record's stores: a
+        PostgreSQL ledger's record key and libpq's password and service files; an object
+        store's credentials."""
         home = Path.home()
-        found = [key_file(self.ledger_url), home / ".pgpass", home / ".pg_service.conf"]
-        for name in ("PGPASSFILE", "PGSERVICEFILE"):
-            if os.environ.get(name):
-                found.append(Path(os.environ[name]))
+        found: list[Path] = []
+        if self.ledger_url is not None:
+            found += [key_file(self.ledger_url), home / ".pgpass", home / ".pg_service.conf"]
+            found += [Path(os.environ[n]) for n in ("PGPASSFILE", "PGSERVICEFILE")
+                      if os.environ.get(n)]
+        if self.blobs_url is not None:
+            found += [home / ".aws", home / ".config" / "gcloud", home / ".azure"]
+            found += [Path(os.environ[n]) for n in ("AWS_SHARED_CREDENTIALS_FILE",
+                                                    "AWS_CONFIG_FILE",
+                                                    "GOOGLE_APPLICATION_CREDENTIALS")
+                      if os.environ.get(n)]
         return [str(p) for p in found if p.exists()]
 
     def _take_standby(self, confinement: Confinement) -> None:
@@ -444,7 +451,8 @@ class Host:
         """
         assert self._private_dir is not None
         base = {k: v for k, v in os.environ.items()
-                if k not in self.hide_env and not k.startswith("HOST_KERNEL_")}
+                if k not in self.hide_env and not k.startswith("HOST_KERNEL_")
+                and not (self.blobs_url is not None and k.startswith("FSSPEC_"))}
         env = kernel_env(base)
         for name, sub in PRIVATE_DIRS.items():
             folder = self._private_dir / sub
@@ -1679,6 +1687,17 @@ class Host:
 _PG_ENV = frozenset({"PGPASSWORD", "PGPASSFILE", "PGSERVICE", "PGSERVICEFILE", "PGSSLKEY",
                      "PGSSLCERT", "PGSSLROOTCERT", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER",
                      "PGDATABASE"})
+
+
+#: An object store's credentials and where to find them. With ``blobs=`` none of it
+#: reaches the kernel: it could otherwise delete or overwrite the record's blobs.
+_BLOB_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                       "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE",
+                       "AWS_CONFIG_FILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                       "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN",
+                       "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING",
+                       "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
+                       "AZURE_STORAGE_SAS_TOKEN"})
 
 
 def _llm_key_names(llm: Any) -> frozenset[str]:

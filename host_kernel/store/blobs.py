@@ -407,6 +407,11 @@ class FileBlobStore:
         except OSError:
             return False
 
+    def stored(self, sha256: str) -> bool:
+        """Whether committing these bytes again would add nothing: the blob is everywhere
+        this store keeps blobs (here, the record folder; a mirrored store adds its remote)."""
+        return self.exists(sha256)
+
     def hash_of(self, sha256: str) -> str | None:
         """Re-hash the stored bytes; None when there are none to hash.
 

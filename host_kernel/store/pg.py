@@ -39,6 +39,7 @@ of stored and rebuilt projections allows for exactly that.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -244,6 +245,7 @@ def _lock_id(session: str) -> int:
                                          "surrogatepass")).digest()[:8], "big", signed=True)
 
 
+@functools.lru_cache(maxsize=512)
 def _pg_sql(sql: str) -> str:
     """SQLite's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled),
     outside quoted strings; the SQL the ledger's callers write is otherwise the same."""
@@ -396,21 +398,23 @@ class PostgresLedger:
         with self._lock:
             conn = self._conn
             try:
-                with conn.transaction():
-                    row = conn.execute("SELECT n, hash FROM heads WHERE session = %s "
-                                       "FOR UPDATE", (session,)).fetchone()
+                # Two round trips: the session's head (locked) with the next seq, then the
+                # event, the head moved on, the projection and the commit, pipelined.
+                with conn.pipeline(), conn.transaction():
+                    head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
+                           "session = %s FOR UPDATE"
+                    row = conn.execute(head, (session,)).fetchone()
                     if row is None:
                         conn.execute("INSERT INTO heads VALUES (%s, 0, %s, 0) "
                                      "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
-                        row = conn.execute("SELECT n, hash FROM heads WHERE session = %s "
-                                           "FOR UPDATE", (session,)).fetchone()
+                        row = conn.execute(head, (session,)).fetchone()
                     assert row is not None  # inserted just before, in this transaction
                     # Head(n, hash): the session's last place in its chain, not a seq.
                     tail = None if row[0] == 0 else Head(row[0], row[1])
+                    seq = row[2]
                     if tail != self._known.get(session):
                         self._accept_others(session, key, tail)
                     n, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
-                    seq = _one(conn.execute("SELECT nextval('events_seq')"))
                     ts = time.time()
                     digest = event_hash(prev, n, session, ts, kind, text)
                     conn.execute(

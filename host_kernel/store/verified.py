@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from .._errors import RecordError
 from .._paths import LEDGER_NAME, LEGACY_RECORD_NAME, default_record_dir, find_record
@@ -35,17 +35,45 @@ from .ledger import (
     rebuild,
 )
 
-__all__ = ["Drift", "event_count", "open_verified", "open_verified_ledger", "projection_drift",
+__all__ = ["Drift", "LedgerRecord", "event_count", "open_verified", "open_verified_ledger", "projection_drift",
            "record_folder"]
 
 
-def record_folder(path: str | Path) -> Path:
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """A record kept in a PostgreSQL ledger (``url``): every session of it, or ``session``.
+
+    The readers (:func:`open_verified`, and through it ``ls``, ``show``, ``lineage``,
+    ``receipt``, ``export``) take one wherever they take a record folder.
+    """
+
+    url: str
+    session: str | None = None
+
+    def __str__(self) -> str:
+        from .pg import redact_url
+
+        return f"--ledger {redact_url(self.url)}" + (
+            f" session {self.session}" if self.session else "")
+
+
+@overload
+def record_folder(path: LedgerRecord) -> LedgerRecord: ...
+
+
+@overload
+def record_folder(path: str | Path) -> Path: ...
+
+
+def record_folder(path: str | Path | LedgerRecord) -> Path | LedgerRecord:
     """The record folder ``path`` names: a record folder itself, or a workspace whose record
     is at its default place (outside it) or in its legacy ``.host_kernel`` folder.
 
     Raises RecordRefused (``record_missing``) when ``path`` is a file or there is
-    no ledger in any of those places.
+    no ledger in any of those places. A :class:`LedgerRecord` is handed back as it is.
     """
+    if isinstance(path, LedgerRecord):
+        return path
     root = Path(path)
     if root.is_file():
         raise RecordRefused(f"{path} is a file, not a record folder or a workspace",
@@ -144,7 +172,7 @@ def _refuse(problems: list[Any], what: str, code: str, root: Path) -> RecordRefu
                          code=code)
 
 
-def open_verified(record_dir: str | Path) -> SQLiteLedger:
+def open_verified(record_dir: str | Path | LedgerRecord) -> SQLiteLedger:
     """The record's projection rebuilt from its checked events, in memory; the caller closes it.
 
     Refuses, raising RecordRefused, with ``code``:
@@ -157,7 +185,11 @@ def open_verified(record_dir: str | Path) -> SQLiteLedger:
       for (checked only when ``record.key`` can be read);
     - ``record_unreadable``: an event the projection cannot replay;
     - ``projection_drift``: the projection tables on disk disagree with the events.
+
+    A :class:`LedgerRecord` is opened with :func:`open_verified_ledger`.
     """
+    if isinstance(record_dir, LedgerRecord):
+        return open_verified_ledger(record_dir.url, record_dir.session)
     root = Path(record_dir)
     with SQLiteLedger.open_readonly(root / LEDGER_NAME) as stored:
         if event_count(stored) == 0:

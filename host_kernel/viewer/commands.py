@@ -31,7 +31,7 @@ def _port(value: str) -> int:
 
 
 def _view_arguments(parser: argparse.ArgumentParser) -> None:
-    add_record_arguments(parser, positional=True)
+    add_record_arguments(parser, positional=True, ledger=False)
     parser.add_argument("--port", metavar="N", type=_port, default=0,
                         help="the port on 127.0.0.1 to serve on (default: a free one)")
     parser.add_argument("--no-browser", action="store_true",

@@ -1,0 +1,90 @@
+"""A Host whose record lives beyond one machine: the ledger in PostgreSQL, the blobs in an
+S3 bucket (moto's server on loopback standing in for an object store), and a reviewer who
+audits both from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _s3 import BUCKET
+
+from host_kernel import Host
+from host_kernel.audit import audit_ledger
+
+
+@pytest.fixture
+def stores(pg_url: str, s3_endpoint: str, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    # The standard way to point botocore (and so s3fs) at an S3-compatible endpoint.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    return pg_url, f"s3://{BUCKET}/{tmp_path.name}"
+
+
+def _fs(endpoint: str) -> object:
+    import s3fs  # type: ignore[import-untyped]
+
+    return s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True,
+                             use_listings_cache=False)
+
+
+def test_artifacts_reach_the_bucket_and_audit_checks_them_there(
+        stores: tuple[str, str], s3_endpoint: str, tmp_path: Path) -> None:
+    ledger, blobs = stores
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Host(ws, ledger=ledger, blobs=blobs) as h:
+        obs = h.execute("open('r.txt', 'w').write('result 42')\n"
+                        "a = host.save_artifact('r.txt')\nprint(a.sha256)\n"
+                        "import os\nprint(sorted(k for k in os.environ if k.startswith('AWS')))")
+        assert obs.status == "ok", obs.text
+        sha, env = obs.text.split("\n")[:2]
+        session = h.session_id
+        record = h.record_dir
+    # The bucket's credentials and address never reach the kernel.
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"} & set(
+        json.loads(env.replace("'", '"')))
+    fs = _fs(s3_endpoint)
+    key = f"{blobs[len('s3://'):]}/blobs/sha256/{sha[:2]}/{sha}"
+    assert fs.cat(key) == b"result 42"  # type: ignore[attr-defined]
+    started = json.loads(json.dumps(_started(ledger, session)))
+    assert started["blobs"] == blobs and started["ledger"].startswith("postgresql://")
+
+    # The reviewer has the database and the bucket, not the worker's record folder.
+    import shutil
+
+    shutil.rmtree(record)
+    report = audit_ledger(ledger)
+    assert report.clean, [str(f) for f in report.findings]
+    assert report.artifacts == 1 and report.blobs >= 1
+
+    fs.pipe(key, b"result 43")  # type: ignore[attr-defined]
+    codes = {f.code: f for f in audit_ledger(ledger).findings}
+    assert "blob_altered" in codes and not audit_ledger(ledger).clean
+    fs.rm(key)  # type: ignore[attr-defined]
+    assert "blob_missing" in {f.code for f in audit_ledger(ledger).findings}
+
+
+def _started(url: str, session: str) -> dict[str, object]:
+    from host_kernel.store.pg import PostgresLedger
+
+    with PostgresLedger.open_readonly(url) as reader:
+        return next(e.body for e in reader.events(session) if e.kind == "session_started")
+
+
+def test_audit_ledger_selects_sessions_and_says_what_it_cannot_find(
+        pg_url: str, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ids = []
+    for _ in range(3):
+        with Host(ws, ledger=pg_url) as h:
+            h.execute("x = 1")
+            ids.append(h.session_id)
+    one = audit_ledger(pg_url, sessions=[ids[1][:10]])
+    assert one.clean and 0 < one.events < audit_ledger(pg_url).events
+    missing = audit_ledger(pg_url, sessions=["no-such-session"])
+    assert not missing.clean and missing.findings[0].code == "record_missing"
+    assert audit_ledger(pg_url, since=2e9).findings[0].code == "ledger_empty"
