@@ -39,7 +39,7 @@ from host_kernel.store.ledger import (
     event_hash,
     rebuild,
 )
-from host_kernel.store.pg import PostgresLedger, _pg_sql, ledger_key
+from host_kernel.store.pg import PG_SCHEMA, PostgresLedger, _pg_sql, ledger_key
 from host_kernel.store.verified import open_verified, open_verified_ledger, projection_drift
 
 
@@ -84,6 +84,7 @@ class Backend:
         import psycopg
 
         with psycopg.connect(self.url, autocommit=True) as pg:
+            pg.execute(f"SET search_path = {PG_SCHEMA}")
             cur = pg.execute(_pg_sql(statement), params)
             return cur.fetchall() if cur.description else []
 
@@ -362,7 +363,7 @@ def test_pg_a_removed_session_tail_is_found_from_its_head(pg_url: str) -> None:
     import psycopg
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DELETE FROM events WHERE n = 3")
+        conn.execute(f"DELETE FROM {PG_SCHEMA}.events WHERE n = 3")
     with PostgresLedger.open_readonly(pg_url) as reader:
         problems = check_chain(reader)
     assert problems and "should end at its event 3" in problems[0].problem
@@ -444,3 +445,23 @@ def test_pg_every_reader_reads_a_ledger_verified(pg_url: str, tmp_path: Path,
     b.sql("UPDATE cells SET code = 'print(42)'")
     assert main(["ls", "--ledger", pg_url]) == 1
     assert "projection_drift" in capsys.readouterr().err
+
+
+def test_pg_a_table_planted_on_the_search_path_is_never_read(pg_url: str, tmp_path: Path) -> None:
+    """Someone with CREATE on the database makes an empty ``public.events`` (or a schema
+    named after the user, first on the default search path): the ledger still reads its
+    own schema's tables, and audit still sees every event."""
+    b = Backend("postgresql", tmp_path / "ws", tmp_path / "record", pg_url)
+    b.workdir.mkdir()
+    with b.host() as h:
+        h.execute("x = 1")
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA IF NOT EXISTS "hk"')
+        for schema in ("public", '"hk"'):
+            conn.execute(f"CREATE TABLE {schema}.events (LIKE {PG_SCHEMA}.events)")
+    report = audit_ledger(pg_url)
+    assert report.clean and report.events > 0
+    with PostgresLedger.open_readonly(pg_url) as reader:
+        assert reader.query("SELECT count(*) FROM events")[0][0] == report.events

@@ -69,13 +69,16 @@ from .ledger import (
     read_events,
 )
 
-__all__ = ["KEY_ENV", "PostgresLedger", "is_postgres_url", "key_file", "ledger_key", "redact_url",
-           "session_chain_problems"]
+__all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "is_postgres_url", "key_file", "ledger_key",
+           "redact_url", "session_chain_problems"]
 
 #: The environment variable naming the record key file of a PostgreSQL ledger.
 KEY_ENV = "HOST_KERNEL_LEDGER_KEY"
 
 _KEY_CHECK = b"host_kernel ledger key check v1"
+
+#: The PostgreSQL schema (namespace) that holds the ledger's tables, in any database.
+PG_SCHEMA = "host_kernel"
 
 SCHEMA = """
 CREATE SEQUENCE IF NOT EXISTS events_seq;
@@ -349,6 +352,9 @@ class PostgresLedger:
         except psycopg.Error as exc:
             raise _pg_error(exc, "connect", url) from None
         try:
+            # The ledger's tables are always those of its own schema: a table of the same
+            # name that someone made in another schema on the search path is never read.
+            self._conn.execute(f"SET search_path = {PG_SCHEMA}")
             if readonly:
                 self._conn.execute("SET default_transaction_read_only = on")
             else:
@@ -368,6 +374,7 @@ class PostgresLedger:
         assert self._key is not None
         with self._conn.transaction():
             self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA}")
             self._conn.execute(SCHEMA)
             check = _key_check(self._key)
             self._conn.execute("INSERT INTO ledger_meta VALUES ('key_check', %s) "
@@ -515,7 +522,7 @@ class PostgresLedger:
 
     def has_table(self, name: str) -> bool:
         return bool(self.query("SELECT 1 FROM information_schema.tables WHERE table_schema = "
-                               "current_schema() AND table_name = ?", (name,)))
+                               "? AND table_name = ?", (PG_SCHEMA, name)))
 
     def sessions(self) -> list[str]:
         """Every session with events, in the order they started."""
