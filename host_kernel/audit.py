@@ -493,10 +493,10 @@ def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
             report.findings.append(Finding("ledger_empty", where, "no session matches"))
         return
     count_sql = "SELECT count(*) FROM events"
-    params: tuple[str, ...] = ()
+    params: tuple[list[str], ...] = ()
     if chosen is not None:
-        count_sql += f" WHERE session IN ({', '.join('?' * len(chosen))})"
-        params = tuple(chosen)
+        count_sql += " WHERE session = ANY(?)"
+        params = (chosen,)
     report.events = int(ledger.query(count_sql, params)[0][0])
     if report.events == 0:
         report.findings.append(Finding("ledger_empty", where, "the ledger holds no events; an "

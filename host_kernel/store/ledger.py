@@ -898,9 +898,8 @@ def _rebuild(ledger: Ledger, session: str | None,
     if _per_session(ledger):
         if session is not None:
             where, params = "WHERE session = ?", (session,)
-        elif sessions is not None:
-            where, params = (f"WHERE session IN ({', '.join('?' * len(sessions))})"
-                             if sessions else "WHERE FALSE"), tuple(sessions)
+        elif sessions is not None:  # one array parameter, however many sessions
+            where, params = "WHERE session = ANY(?)", (list(sessions),)
     try:
         rows = ledger.query(f"SELECT seq, session, ts, kind, body, prev, hash, "
                             f"{_mac_select(ledger)} FROM events {where} ORDER BY seq", params)

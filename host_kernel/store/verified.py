@@ -113,11 +113,9 @@ def _table_rows(ledger: Ledger, table: str, key: str, sessions: Sequence[str] | 
     names = [k.strip() for k in key.split(",")]
     rows: dict[tuple[Any, ...], dict[str, Any]] = {}
     where = ""
-    params: tuple[str, ...] = ()
-    if sessions is not None:
-        where = (f"WHERE session IN ({', '.join('?' * len(sessions))})" if sessions
-                 else "WHERE 1 = 0")
-        params = tuple(sessions)
+    params: tuple[list[str], ...] = ()
+    if sessions is not None:  # a PostgreSQL ledger: one array parameter
+        where, params = "WHERE session = ANY(?)", (list(sessions),)
     for row in ledger.query(f"SELECT * FROM {table} {where} ORDER BY {key}", params):
         values = dict(zip(row.keys(), tuple(row), strict=True))
         if nul:
@@ -129,7 +127,8 @@ def _table_rows(ledger: Ledger, table: str, key: str, sessions: Sequence[str] | 
 def projection_drift(stored: Ledger, rebuilt: Ledger,
                      sessions: Sequence[str] | None = None) -> list[Drift]:
     """Every difference between the projection tables of ``stored`` and of ``rebuilt``
-    (only ``sessions``' rows, when given).
+    (only ``sessions``' rows of ``stored``, when given: a PostgreSQL ledger whose
+    ``rebuilt`` holds those sessions alone).
 
     Names the table, the row's key and the columns that differ, never the
     values (a drifted value is not to be shown as if it meant something). A
@@ -139,7 +138,8 @@ def projection_drift(stored: Ledger, rebuilt: Ledger,
     found: list[Drift] = []
     nul = getattr(stored, "dialect", "sqlite") == "postgresql"
     for table, key in PROJECTION_TABLES:
-        truth = _table_rows(rebuilt, table, key, sessions, nul=nul) or {}
+        # The rebuilt ledger holds only the sessions it was rebuilt from.
+        truth = _table_rows(rebuilt, table, key, nul=nul) or {}
         disk = _table_rows(stored, table, key, sessions)
         if disk is None:
             if truth:
