@@ -881,6 +881,7 @@ def _register_fronts() -> None:
         return
     from benchmarks.agent import AGENT
     from benchmarks.bash_scale import BASH_SCALE
+    from benchmarks.batch import BATCH
     from benchmarks.ledger import LEDGER
     from benchmarks.pool import POOL
     from benchmarks.relay import (
@@ -907,7 +908,7 @@ def _register_fronts() -> None:
     for name, target, ours, baseline, run in POOL:
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE, *VIEWER, *AGENT,
-                                              *LEDGER):
+                                              *LEDGER, *BATCH):
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     benchmark("long_session", target=LONG_TARGET, ours=LONG_OURS,
               baseline=LONG_BASELINE)(bench_long_session)

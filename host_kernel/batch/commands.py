@@ -1,0 +1,326 @@
+"""``host-kernel batch``: many notebooks and agent tasks, each a session, on a Dask cluster.
+
+Owns the command's arguments, its progress display (a bar on a terminal, a line per
+finished task when piped, JSON lines with ``--json``), the results table and the exit
+code (0 every task accepted, 1 one was not or the batch could not run, 2 usage, 130
+Ctrl-C). The work is :func:`host_kernel.batch.run_batch`; Dask is imported only when
+the command runs, so ``host-kernel --help`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..cli import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Command,
+    CommandFailed,
+    UsageError,
+    _read_notebook,
+    writable_record,
+)
+
+if TYPE_CHECKING:
+    from . import BatchResult, Task, TaskSummary
+
+__all__ = ["BATCH", "COMMANDS"]
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sources", metavar="NOTEBOOK", nargs="*",
+                        help="a notebook (*.ipynb), or a folder whose notebooks all run; each "
+                             "is one task")
+    parser.add_argument("--tasks", metavar="FILE", default=None,
+                        help="a task file: JSON lines (or a JSON list) of {\"notebook\": PATH} "
+                             "and {\"task\": TEXT} objects, with optional \"inputs\", "
+                             "\"mode\", \"name\" (docs/scale.md)")
+    parser.add_argument("--workers", metavar="N", type=int, default=None,
+                        help="worker processes of the local Dask cluster (default 2)")
+    parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                        help="run on the Dask cluster whose scheduler is at ADDRESS "
+                             "(tcp://host:8786) instead of a local one")
+    parser.add_argument("--connect-timeout", metavar="S", type=float, default=10.0,
+                        help="seconds to wait for --scheduler to answer (default 10)")
+    parser.add_argument("--workspaces", metavar="DIR", default=None,
+                        help="where each task's workspace is made, DIR/NAME/attempt-N "
+                             "(default: ./hk-batch-<time>); every worker must see it")
+    parser.add_argument("--records", metavar="DIR", default=None,
+                        help="record folders, DIR/NAME/attempt-N (default: each workspace's "
+                             "own, under $XDG_STATE_HOME/host_kernel/records/)")
+    parser.add_argument("--ledger", metavar="URL", default=None,
+                        help="put every session into the PostgreSQL ledger at URL "
+                             "(postgresql://user@host:port/db)")
+    parser.add_argument("--blobs", metavar="URL", default=None,
+                        help="write artifacts' bytes through to this fsspec URL "
+                             "(s3://bucket/prefix, file:///shared/path)")
+    parser.add_argument("--mode", metavar="M", default=None,
+                        help="arm a task mode for every task that names none")
+    parser.add_argument("--retries", metavar="N", type=int, default=None,
+                        help="times a task whose worker died is run again, each time as a "
+                             "new session (default 2)")
+    parser.add_argument("--timeout", metavar="S", type=float, default=None,
+                        help="seconds each cell may run before the Host interrupts it")
+    parser.add_argument("--base-url", metavar="URL", default=None,
+                        help="agent tasks: an OpenAI-compatible endpoint, up to /v1")
+    parser.add_argument("--model", metavar="NAME", default=None,
+                        help="agent tasks: the model to ask")
+    key = parser.add_mutually_exclusive_group()
+    key.add_argument("--api-key-env", metavar="VAR", default=None,
+                     help="agent tasks: environment variable holding the API key (read on "
+                          "each worker)")
+    key.add_argument("--api-key-file", metavar="PATH", default=None,
+                     help="agent tasks: a file holding the API key (read on each worker)")
+    parser.add_argument("--max-steps", metavar="N", type=int, default=None,
+                        help="agent tasks: most model turns per session (default 30)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON line per finished task, then one for the batch")
+
+
+def _notebooks(value: str) -> list[Path]:
+    path = Path(value)
+    if path.is_dir():
+        found = sorted(p for p in path.glob("*.ipynb") if p.is_file())
+        if not found:
+            raise UsageError(f"no notebooks (*.ipynb) in {path}")
+        return found
+    return [path]
+
+
+def _tasks(args: argparse.Namespace) -> list[Task]:
+    from . import Task, TaskInvalid, load_tasks
+
+    mode = None
+    if args.mode is not None:
+        from ..modes import UnknownModeError, normalise_mode_name
+
+        try:
+            mode = normalise_mode_name(args.mode)
+        except UnknownModeError as exc:
+            raise UsageError(str(exc)) from None
+    tasks: list[Task] = []
+    for source in args.sources:
+        for path in _notebooks(source):
+            _read_notebook(path)  # no such file, not a notebook: usage errors, as for exec
+            tasks.append(Task.notebook(path, mode=mode))
+    if args.tasks is not None:
+        try:
+            listed = load_tasks(args.tasks)
+        except TaskInvalid as exc:
+            raise UsageError(f"--tasks: {exc.message}") from None
+        for task in listed:
+            if task.kind == "notebook":
+                _read_notebook(Path(task.source))
+            tasks.append(task if task.mode is not None or mode is None else
+                         Task(task.kind, task.source, task.inputs, mode, task.name))
+    if not tasks:
+        raise UsageError("give notebooks, folders of notebooks, or --tasks FILE")
+    return tasks
+
+
+def _llm(args: argparse.Namespace, tasks: list[Task]) -> Any:
+    if not any(t.kind == "agent" for t in tasks):
+        return None
+    if args.base_url is None or args.model is None:
+        raise UsageError("agent tasks need --base-url and --model")
+    if args.api_key_env and args.scheduler is None and not os.environ.get(args.api_key_env):
+        # The local workers inherit this environment; remote ones read their own.
+        raise UsageError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    from ..llm import LLMConfig, LLMConfigError
+
+    try:
+        return LLMConfig(args.base_url, args.model, api_key_env=args.api_key_env,
+                         api_key_file=args.api_key_file)
+    except LLMConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _records(value: str | None) -> Path | None:
+    """``--records``: a folder (made when missing), never a file."""
+    if value is None:
+        return None
+    from ..store.ledger import RecordRefused
+
+    if Path(value).exists() and not Path(value).is_dir():
+        raise RecordRefused(f"--records {value} is a file, not a folder of record folders",
+                            code="record_missing")
+    return writable_record(value)
+
+
+def _checked_numbers(args: argparse.Namespace) -> None:
+    if args.workers is not None and args.scheduler is not None:
+        raise UsageError("--workers sizes the local cluster; with --scheduler the cluster's "
+                         "own workers run the tasks")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    if args.retries is not None and args.retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    if args.timeout is not None and not args.timeout > 0:
+        raise UsageError("--timeout must be a positive number of seconds")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    if not args.connect_timeout > 0:
+        raise UsageError("--connect-timeout must be a positive number of seconds")
+    if args.ledger is not None and not args.ledger.lower().startswith(("postgresql://",
+                                                                       "postgres://")):
+        raise UsageError("--ledger must be a postgresql:// URL")
+
+
+def _line(done: int, total: int, s: TaskSummary) -> str:
+    rerun = f", attempt {s.attempt}" if s.attempt > 1 else ""
+    why = f": {s.error or s.detail}" if not s.accepted else ""
+    return f"[{done}/{total}] {s.name} ({s.kind}): {s.outcome}{rerun}, {s.seconds:.1f} s{why}"
+
+
+class _Progress:
+    """What is shown as tasks finish: a rich bar on a terminal, a line per task when piped,
+    one JSON line per task with ``--json``."""
+
+    def __init__(self, total: int, as_json: bool, out: TextIO) -> None:
+        self.total, self.as_json, self.out = total, as_json, out
+        self.done = 0
+        self.bar: Any = None
+        if not as_json and out.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self.bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[failed]} not accepted"),
+                                TimeElapsedColumn(), console=Console(file=out),
+                                transient=True)
+            self.task = self.bar.add_task("batch", total=total, failed=0)
+            self.failed = 0
+            self.bar.start()
+
+    def __call__(self, summary: TaskSummary) -> None:
+        self.done += 1
+        if self.as_json:
+            self.out.write(json.dumps({"type": "task", **summary.to_dict()}) + "\n")
+            self.out.flush()
+        elif self.bar is not None:
+            self.failed += not summary.accepted
+            self.bar.console.print(_line(self.done, self.total, summary), markup=False,
+                                   highlight=False)
+            self.bar.update(self.task, advance=1, failed=self.failed)
+        else:
+            self.out.write(_line(self.done, self.total, summary) + "\n")
+            self.out.flush()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _table(result: BatchResult, out: TextIO) -> None:
+    """The results, one row a task. On a terminal: short session ids, no record column
+    (the summary line says where the records are); piped: every field whole, one line a
+    row."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    terminal = out.isatty()
+    headers = ["task", "kind", "outcome", "attempt", "seconds", "session", "artifacts",
+               "detail"] + ([] if terminal else ["record"])
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=header != "detail" or not terminal)
+    for s in result.summaries:
+        session = s.session_id or "-"
+        row = [s.name, s.kind, s.outcome, str(s.attempt), f"{s.seconds:.1f}",
+               session[:8] if terminal else session, str(len(s.artifacts)),
+               s.error or s.detail] + ([] if terminal else [s.record or "-"])
+        table.add_row(*(Text(x) for x in row))
+    console = Console(file=out, highlight=False, markup=False, emoji=False,
+                      width=None if terminal else 1000, soft_wrap=not terminal)
+    with console.capture() as captured:
+        console.print(table)
+    out.write("\n".join(line.rstrip() for line in captured.get().splitlines()) + "\n")
+
+
+def _summary_line(result: BatchResult, records: str | None) -> str:
+    counts = result.counts()
+    reruns = (f"; {_plural(result.reruns, 'rerun')} after a worker died"
+              if result.reruns else "")
+    where = (f"ledger {result.ledger}" if result.ledger else
+             f"records in {records}" if records else "each workspace's own record")
+    return (f"=== {_plural(len(result.summaries), 'task')} on "
+            f"{_plural(result.workers, 'worker')}: {counts['accepted']} accepted, "
+            f"{counts['failed']} failed, {_plural(counts['error'], 'error')}{reruns}; "
+            f"{result.seconds:.1f} s ({result.sessions_per_minute:.1f} sessions/min)\n"
+            f"workspaces: {result.workspaces}; {where}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    _checked_numbers(args)
+    tasks = _tasks(args)
+    llm = _llm(args, tasks)
+    records = _records(args.records)
+    from importlib.util import find_spec
+
+    if find_spec("distributed") is None:
+        raise CommandFailed("host-kernel batch needs Dask, which is not installed: "
+                            "pip install 'dask[distributed]'")
+    from . import SchedulerUnreachable, TaskInvalid, run_batch
+
+    workspaces = args.workspaces or (
+        f"hk-batch-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    out = sys.stdout
+    progress = _Progress(len(tasks), args.json, out)
+    try:
+        result = run_batch(
+            tasks, scheduler=args.scheduler, workers=args.workers or 2, ledger=args.ledger,
+            blobs=args.blobs, llm=llm, workspaces=workspaces, records=records,
+            retries=2 if args.retries is None else args.retries, cell_timeout=args.timeout,
+            max_steps=args.max_steps, connect_timeout=args.connect_timeout,
+            on_result=progress)
+    except TaskInvalid as exc:
+        raise UsageError(exc.message) from None
+    except SchedulerUnreachable as exc:
+        raise CommandFailed(exc.message) from None
+    finally:
+        progress.stop()
+    if args.json:
+        out.write(json.dumps({"type": "batch", **result.to_dict()}) + "\n")
+    else:
+        _table(result, out)
+        out.write(_summary_line(result, None if records is None else str(records)) + "\n")
+    out.flush()
+    return EXIT_OK if result.accepted else EXIT_FAILED
+
+
+BATCH = Command(
+    name="batch",
+    help="run many notebooks and agent tasks, each a confined session, on a Dask cluster",
+    description=(
+        "Run each notebook (or each task of --tasks FILE) as a task of a Dask cluster: a "
+        "local one of --workers processes, or the one whose scheduler is at --scheduler. "
+        "Each task gets a fresh workspace (its inputs copied in) and a new session of a "
+        "confined Host started warm from its worker's pool; a task whose worker died runs "
+        "again, as a new session, up to --retries times. Progress as tasks finish (JSON "
+        "lines with --json), then a results table. Exit 0 when every task was accepted, 1 "
+        "when one was not (or the cluster could not be reached), 2 for usage errors."),
+    add_arguments=_arguments,
+    run=_run,
+)
+
+#: Loaded by :func:`host_kernel.cli.all_commands`.
+COMMANDS: list[Command] = [BATCH]
