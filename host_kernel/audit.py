@@ -422,22 +422,27 @@ def print_progress(stage: str, done: int, total: int) -> None:
 
 
 def audit_ledger(url: str, *, sessions: list[str] | None = None, since: float | None = None,
-                 key: bytes | None = None, blobs: str | None = None, strict: bool = False,
+                 key: bytes | None = None, without_key: bool = False, blobs: str | None = None,
+                 expect_heads: dict[str, str] | None = None, strict: bool = False,
                  progress: Progress = _no_progress) -> AuditReport:
     """Audit a PostgreSQL ledger: every session in it, or those named (``sessions``: ids
-    or unique prefixes), or those started at or after ``since`` (a Unix time).
+    or unique prefixes), or those started at or after ``since`` (a Unix time), all read
+    in one snapshot of the database.
 
     Each session's chain and every event's MAC (``key``: default, the ledger's key file,
-    as :func:`host_kernel.store.pg.ledger_key` finds it; without one, ``macs_unchecked``),
-    the projection rows of those sessions against their events, then the same checks as
-    for a record folder over the rebuilt projection: the blobs the sessions name
-    (artifacts, receipts' outputs, collected sub-tasks'), lineage drift, and every
-    accepted submission re-verified. Blobs are read from ``blobs`` (an fsspec URL), else
-    from the store the sessions recorded (``session_started``'s ``blobs``), else from
-    each session's own record folder when it is on this machine; a blob found in none is
-    ``blob_missing``. Read-only throughout.
+    :func:`host_kernel.store.pg.key_path`; a missing key is the fatal
+    ``record_key_missing`` unless ``without_key``, which checks the chains only and says
+    so with ``macs_unchecked``), the projection rows of those sessions against their
+    events, then the same checks as for a record folder over the rebuilt projection:
+    the blobs the sessions name (artifacts, receipts' outputs, collected sub-tasks'),
+    lineage drift, and every accepted submission re-verified. Blobs are read from
+    ``blobs`` (an fsspec URL), else from the store the sessions recorded
+    (``session_started``'s ``blobs``), else from each session's own record folder when it
+    is on this machine; a blob found in none is ``blob_missing``. ``expect_heads`` maps
+    session ids to the hash their last event had when it was kept elsewhere (a batch's
+    summaries): a session missing or ending elsewhere is ``head_mismatch``. Read-only.
     """
-    from .store.pg import PostgresLedger, ledger_key, redact_url
+    from .store.pg import PostgresLedger, redact_url
 
     report = AuditReport(redact_url(url))
     try:
@@ -446,14 +451,45 @@ def audit_ledger(url: str, *, sessions: list[str] | None = None, since: float | 
         report.findings.append(Finding("record_unreadable", report.record, exc.message))
         return report
     try:
-        with collector_paused():
-            _audit_ledger(ledger, report, sessions, since, key, blobs, strict, progress,
-                          ledger_key)
+        with collector_paused(), ledger.snapshot():
+            _audit_ledger(ledger, report, sessions, since, key, without_key, blobs, strict,
+                          progress)
+            _check_heads(ledger, report, expect_heads or {})
+    except RecordRefused as exc:
+        report.findings.append(Finding(exc.code if exc.code in _LEDGER_CODES
+                                       else "record_unreadable", report.record, exc.message))
     except RecordError as exc:
         report.findings.append(Finding("record_unreadable", report.record, exc.message))
     finally:
         ledger.close()
     return report
+
+
+#: Refusals of a PostgreSQL ledger that audit reports under their own code.
+_LEDGER_CODES = frozenset({"chain_broken", "event_unauthenticated", "record_key_missing",
+                           "record_key_invalid", "record_missing"})
+
+
+def _check_heads(ledger: Any, report: AuditReport, expected: dict[str, str]) -> None:
+    """Each session kept elsewhere with its last event's hash must still end there."""
+    for session, want in sorted(expected.items()):
+        rows = ledger.query("SELECT n, hash FROM events WHERE session = ? ORDER BY n DESC "
+                            "LIMIT 1", (session,))
+        if not rows:
+            report.findings.append(Finding("head_mismatch", f"session {session}",
+                                           "the ledger holds no event of this session (it "
+                                           "was removed)"))
+            continue
+        if rows[0]["hash"] == want:
+            continue
+        kept = ledger.query("SELECT n FROM events WHERE session = ? AND hash = ?",
+                            (session, want))
+        why = (f"the kept head is its event {kept[0][0]}; {rows[0]['n'] - kept[0][0]} events "
+               f"follow it" if kept else "no event of the session has the kept hash (its "
+               "tail was removed or rewritten)")
+        report.findings.append(Finding("head_mismatch", f"session {session}",
+                                       f"the session ends at {rows[0]['hash'][:16]}…, not "
+                                       f"{want[:16]}…: {why}"))
 
 
 def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
@@ -480,8 +516,10 @@ def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
 
 
 def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
-                  since: float | None, key: bytes | None, blobs_url: str | None, strict: bool,
-                  progress: Progress, ledger_key: Callable[..., bytes]) -> None:
+                  since: float | None, key: bytes | None, without_key: bool,
+                  blobs_url: str | None, strict: bool, progress: Progress) -> None:
+    from .store.pg import key_path, read_key
+
     where = report.record
     if not ledger.has_table("events"):
         report.findings.append(Finding("ledger_empty", where, "the database holds no ledger "
@@ -502,25 +540,29 @@ def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
         report.findings.append(Finding("ledger_empty", where, "the ledger holds no events; an "
                                                               "empty record is no evidence"))
         return
+    if key is None:
+        try:
+            key = read_key(key_path(ledger.ledger_id()))
+        except RecordRefused as exc:
+            if not without_key:
+                raise
+            report.findings.append(Finding("macs_unchecked", where, f"{exc.message}; the "
+                                           f"events' MACs were not checked, only their chains",
+                                           fatal=False))
     progress("chain", 0, report.events)
     for one in [None] if chosen is None else chosen:
         for problem in check_chain(ledger, one):
             report.findings.append(Finding("chain_broken", f"event {problem.seq}",
                                            problem.problem))
-    progress("chain", report.events, report.events)
-    if key is None:
-        try:
-            key = ledger_key(ledger.url, create=False)
-        except RecordRefused as exc:
-            report.findings.append(Finding("macs_unchecked", where, f"{exc.message}; the "
-                                           f"events' MACs were not checked, only their chains",
-                                           fatal=False))
-    if key is not None:
-        for one in [None] if chosen is None else chosen:
+        if key is not None:
             for problem in check_macs(ledger, key, one):
-                report.findings.append(Finding("event_unauthenticated", f"event {problem.seq}",
-                                               problem.problem))
-    trusted = rebuild(ledger, sessions=chosen) if chosen is not None else rebuild(ledger)
+                report.findings.append(Finding("event_unauthenticated",
+                                               f"event {problem.seq}", problem.problem))
+    progress("chain", report.events, report.events)
+    if any(f.fatal for f in report.findings):
+        return  # a replay of rows that do not hold together would only refuse again
+    trusted = rebuild(ledger, sessions=chosen, key=key) if chosen is not None \
+        else rebuild(ledger, key=key)
     try:
         for drift in projection_drift(ledger, trusted, chosen):
             report.findings.append(Finding("projection_drift", f"{drift.table} {drift.key}",

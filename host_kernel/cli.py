@@ -455,6 +455,14 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
                        help="with --ledger: the blob store to check blobs in (an fsspec URL); "
                             "default: the store the sessions recorded, then their record "
                             "folders on this machine")
+    group.add_argument("--expect-heads", metavar="FILE", default=None,
+                       help="with --ledger: JSON lines naming sessions and the hash their "
+                            "last event had when kept (a `batch --json` output: session_id, "
+                            "head); fail (head_mismatch) where a session is gone or ends "
+                            "elsewhere")
+    group.add_argument("--without-key", action="store_true",
+                       help="with --ledger: audit without the record key (chains only, "
+                            "macs_unchecked); without this a missing key is a failure")
 
 
 def _since(value: str) -> float:
@@ -471,6 +479,33 @@ def _since(value: str) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return when.timestamp()
+
+
+def _kept_heads(path: str | None) -> dict[str, str] | None:
+    """``{session: head}`` from a file of JSON lines (``batch --json``'s output, or any
+    lines with ``session_id`` and ``head``); lines without both are skipped."""
+    import json
+
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--expect-heads: cannot read {path}: {exc}") from None
+    heads: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError:
+            raise UsageError(f"--expect-heads: line {n} of {path} is not JSON") from None
+        if isinstance(item, dict) and isinstance(item.get("session_id"), str) \
+                and isinstance(item.get("head"), str):
+            heads[item["session_id"]] = item["head"]
+    if not heads:
+        raise UsageError(f"--expect-heads: {path} names no session with its head")
+    return heads
 
 
 def _audit_run(args: argparse.Namespace) -> int:
@@ -490,10 +525,14 @@ def _audit_run(args: argparse.Namespace) -> int:
         if not is_postgres_url(args.ledger):
             raise UsageError(f"--ledger takes a postgresql:// URL, not {args.ledger!r}")
         report = audit_ledger(args.ledger, sessions=args.session, since=args.since,
-                              blobs=args.blobs, strict=args.strict, progress=progress)
+                              blobs=args.blobs, strict=args.strict, progress=progress,
+                              without_key=args.without_key,
+                              expect_heads=_kept_heads(args.expect_heads))
     else:
-        if args.session is not None or args.since is not None or args.blobs is not None:
-            raise UsageError("--session, --since and --blobs go with --ledger URL")
+        if args.session is not None or args.since is not None or args.blobs is not None \
+                or args.expect_heads is not None or args.without_key:
+            raise UsageError("--session, --since, --blobs, --expect-heads and --without-key "
+                             "go with --ledger URL")
         report = audit(record_argument(args), strict=args.strict,
                        expect_head=args.expect_head, reproduce=args.reproduce,
                        progress=progress)

@@ -30,8 +30,7 @@ from distributed import Client
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from scripted_llm import RecordedRequest, ScriptedLLMServer
 
-from host_kernel import audit
-from host_kernel.audit import audit_ledger
+from host_kernel.audit import audit, audit_ledger
 from host_kernel.batch import (
     BatchResult,
     Settings,

@@ -465,3 +465,224 @@ def test_pg_a_table_planted_on_the_search_path_is_never_read(pg_url: str, tmp_pa
     assert report.clean and report.events > 0
     with PostgresLedger.open_readonly(pg_url) as reader:
         assert reader.query("SELECT count(*) FROM events")[0][0] == report.events
+
+
+# --------------------------------------------------------------------------- attacks on a
+# PostgreSQL ledger by someone who can write the database but holds no record key, or by
+# the kernel itself.
+
+def _pg(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {PG_SCHEMA}")
+        cur = conn.execute(_pg_sql(statement), params)
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.fixture
+def pg_backend(pg_url: str, tmp_path: Path) -> Backend:
+    b = Backend("postgresql", tmp_path / "ws", tmp_path / "record", pg_url)
+    b.workdir.mkdir()
+    return b
+
+
+def test_pg_a_view_in_place_of_the_events_table_is_refused(pg_backend: Backend) -> None:
+    """A view can show the checks one thing and the replay another: readers refuse to read
+    a ledger whose tables are not plain tables."""
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+        session = h.session_id
+    _pg(pg_backend.url or "", "ALTER TABLE events RENAME TO events_real")
+    _pg(pg_backend.url or "", "CREATE VIEW events AS SELECT * FROM events_real")
+    with pytest.raises(RecordRefused) as refused:
+        pg_backend.verified(session)
+    assert refused.value.code == "record_unreadable" and "not a plain table" in str(refused.value)
+    report = pg_backend.audit()
+    assert not report.clean and report.findings[0].code == "record_unreadable"
+
+
+def test_pg_the_replay_checks_the_rows_it_replays(pg_url: str) -> None:
+    from host_kernel.store.pg import replay_problems
+
+    with PostgresLedger(pg_url) as ledger:
+        for n in range(3):
+            ledger.append("s", "note", {"n": n})
+        rows = ledger.query("SELECT seq, session, ts, kind, body, prev, hash, mac, n FROM "
+                            "events ORDER BY seq")
+        key = ledger.key()
+    replay_problems(rows, key)  # as written: nothing to say
+    forged = [tuple(r) for r in rows]
+    forged[1] = forged[1][:4] + ('{"n":9}',) + forged[1][5:]
+    cls = type(rows[0])
+    with pytest.raises(RecordRefused) as refused:
+        replay_problems([cls(r) for r in forged], key)
+    assert refused.value.code == "chain_broken"
+    with pytest.raises(RecordRefused) as refused:
+        replay_problems(rows, os.urandom(32))
+    assert refused.value.code == "event_unauthenticated"
+
+
+def test_pg_swapped_seqs_within_a_session_are_found(pg_url: str) -> None:
+    with PostgresLedger(pg_url) as ledger:
+        for n in range(3):
+            ledger.append("s", "note", {"n": n})
+    first, last = (r[0] for r in _pg(pg_url, "SELECT seq FROM events ORDER BY seq")[::2])
+    _pg(pg_url, "UPDATE events SET seq = -1 WHERE seq = ?", (first,))
+    _pg(pg_url, "UPDATE events SET seq = ? WHERE seq = ?", (first, last))
+    _pg(pg_url, "UPDATE events SET seq = ? WHERE seq = -1", (last,))
+    with PostgresLedger.open_readonly(pg_url) as reader:
+        assert any("reordered" in p.problem for p in check_chain(reader))
+    assert not audit_ledger(pg_url).clean
+
+
+def test_pg_without_the_key_readers_refuse_and_audit_fails(
+        pg_backend: Backend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+        session = h.session_id
+    monkeypatch.setenv("HOST_KERNEL_LEDGER_KEY", str(tmp_path / "no-such.key"))
+    with pytest.raises(RecordRefused) as refused:
+        pg_backend.verified(session)
+    assert refused.value.code == "record_key_missing"
+    report = audit_ledger(pg_backend.url or "")
+    assert not report.clean and report.findings[0].code == "record_key_missing"
+    chains_only = audit_ledger(pg_backend.url or "", without_key=True)
+    assert chains_only.clean and "macs_unchecked" in {f.code for f in chains_only.findings}
+
+
+def test_pg_a_host_closes_abandoned_sessions_from_their_checked_events(
+        pg_backend: Backend) -> None:
+    """A database writer reopens an ended session and marks a finished cell running in
+    the stored tables: the next Host reads the session's events, sees it ended, and
+    appends nothing to it."""
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+        session = h.session_id
+    url = pg_backend.url or ""
+    _pg(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
+    _pg(url, "UPDATE cells SET status = 'running' WHERE session = ?", (session,))
+    before = _pg(url, "SELECT count(*) FROM events WHERE session = ?", (session,))[0][0]
+    with pg_backend.host() as h:
+        h.execute("y = 1")
+    assert _pg(url, "SELECT count(*) FROM events WHERE session = ?", (session,))[0][0] == before
+
+
+def test_pg_load_artifact_reads_the_checked_events_not_the_stored_row(
+        pg_backend: Backend) -> None:
+    with pg_backend.host() as h:
+        obs = h.execute("open('a.txt', 'w').write('real bytes')\n"
+                        "open('b.txt', 'w').write('attacker chosen bytes')\n"
+                        "a = host.save_artifact('a.txt'); b = host.save_artifact('b.txt')\n"
+                        "print(a.artifact_id)")
+        artifact = obs.text.strip()
+        url = pg_backend.url or ""
+        _pg(url, "UPDATE artifacts SET sha256 = (SELECT sha256 FROM artifacts WHERE "
+                 "filename = 'b.txt') WHERE artifact_id = ?", (artifact,))
+        obs = h.execute(f"p = host.load_artifact({artifact!r}, path='got.txt')\n"
+                        f"print(open('got.txt').read())")
+        assert obs.status == "ok", obs.text
+        assert obs.text.strip() == "real bytes"
+
+
+def test_pg_a_dropped_connection_is_taken_up_again(pg_backend: Backend) -> None:
+    url = pg_backend.url or ""
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+        _pg(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                 "application_name = 'host_kernel' AND pid <> pg_backend_pid()")
+        assert h.execute("print(x + 1)").text.strip() == "2"
+    assert audit_ledger(url).clean
+
+
+def test_pg_a_session_closed_while_its_connection_was_down_is_not_continued(
+        pg_backend: Backend) -> None:
+    from host_kernel import HostKernelError
+
+    url = pg_backend.url or ""
+    first = pg_backend.host().start()
+    try:
+        first.execute("x = 1")
+        _pg(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                 "application_name = 'host_kernel' AND pid <> pg_backend_pid()")
+        with pg_backend.host() as second:  # finds the session unheld: closes it
+            second.execute("y = 1")
+        with pytest.raises(HostKernelError):
+            first.execute("x = 2")
+    finally:
+        first.close()
+    with PostgresLedger.open_readonly(url) as reader:
+        kinds = [e.kind for e in reader.events(first.session_id)]
+    assert kinds[-1] == "session_ended" and kinds.count("session_ended") == 1
+    assert audit_ledger(url).clean
+
+
+def test_pg_a_server_that_rounds_doubles_does_not_break_the_chain(pg_backend: Backend) -> None:
+    url = pg_backend.url or ""
+    database = url.rsplit("/", 1)[1]
+    _pg(url, f'ALTER DATABASE "{database}" SET extra_float_digits = 0')
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+        session = h.session_id
+    pg_backend.verified(session).close()
+    assert audit_ledger(url).clean
+
+
+def test_pg_expect_heads_finds_a_removed_session_tail(
+        pg_backend: Backend, tmp_path: Path) -> None:
+    from host_kernel.cli import main
+
+    with pg_backend.host() as h:
+        h.execute("x = 1")
+    session, head = h.session_id, h.head  # after close: its session_ended is the head
+    assert head is not None
+    url = pg_backend.url or ""
+    kept = tmp_path / "heads.jsonl"
+    kept.write_text(json.dumps({"session_id": session, "head": head}) + "\n")
+    assert main(["audit", "--ledger", url, "--expect-heads", str(kept)]) == 0
+    # A database writer drops the session's last event and moves its head back.
+    n, = _pg(url, "SELECT max(n) FROM events WHERE session = ?", (session,))[0]
+    _pg(url, "DELETE FROM events WHERE session = ? AND n = ?", (session, n))
+    _pg(url, "UPDATE heads SET n = e.n, hash = e.hash, seq = e.seq FROM events e WHERE "
+             "heads.session = e.session AND e.n = ? AND heads.session = ?", (n - 1, session))
+    _pg(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
+    assert audit_ledger(url).clean  # nothing inside the database shows it
+    report = audit_ledger(url, expect_heads={session: head})
+    assert [f.code for f in report.findings if f.fatal] == ["head_mismatch"]
+    assert main(["audit", "--ledger", url, "--expect-heads", str(kept)]) == 1
+
+
+def test_a_kernel_made_execution_count_is_recorded_only_when_it_is_one(
+        backend: Backend) -> None:
+    with backend.host() as h:
+        h.execute("get_ipython().execution_count = 2**70")
+        assert h.execute("x = 1").status == "ok"
+        session = h.session_id
+    with backend.reader() as stored:
+        counts = [e.body.get("execution_count") for e in stored.events(session)
+                  if e.kind == "cell_finished"]
+    assert None in counts
+    assert backend.audit().clean
+
+
+def test_no_kernel_reads_a_ledger_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever its own record is, a session's kernel cannot read any PostgreSQL ledger's
+    key (a folder outside /tmp, which every kernel is kept from anyway)."""
+    import shutil
+    import tempfile
+
+    config = Path(tempfile.mkdtemp(dir=Path.home(), prefix=".hk-test-config-"))
+    try:
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+        folder = config / "host_kernel" / "ledger-keys"
+        folder.mkdir(parents=True)
+        (folder / "other.key").write_bytes(os.urandom(32))
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        with Host(ws) as h:
+            if not h.confinement or not h.confinement.active:
+                pytest.skip(f"NO CONFINEMENT HERE: {h.confinement}")
+            obs = h.execute(f"open({str(folder / 'other.key')!r}, 'rb').read()")
+        assert obs.status == "error" and "Permission" in obs.text
+    finally:
+        shutil.rmtree(config, ignore_errors=True)

@@ -60,7 +60,7 @@ from ..sandbox.policy import Policy, ruleset_spec, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, ForeignEventError, SQLiteLedger, check_chain, rebuild
-from ..store.pg import PostgresLedger, is_postgres_url, key_file, redact_url
+from ..store.pg import KEY_ENV, PostgresLedger, is_postgres_url, keys_folder, redact_url
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from . import _subtasks
 from ._bash import CommandContext, Redactor, kill_group, run_command
@@ -402,9 +402,16 @@ class Host:
         PostgreSQL ledger's record key and libpq's password and service files; an object
         store's credentials."""
         home = Path.home()
-        found: list[Path] = []
+        # Every PostgreSQL ledger's key, whatever this session writes to: a kernel that
+        # read one could forge events any database writer could then insert. The folder
+        # is made now if missing, so that a key made there later is hidden too.
+        with contextlib.suppress(OSError):
+            keys_folder().mkdir(parents=True, exist_ok=True, mode=0o700)
+        found: list[Path] = [keys_folder()]
+        if os.environ.get(KEY_ENV):
+            found.append(Path(os.environ[KEY_ENV]))
         if self.ledger_url is not None:
-            found += [key_file(self.ledger_url), home / ".pgpass", home / ".pg_service.conf"]
+            found += [home / ".pgpass", home / ".pg_service.conf"]
             found += [Path(os.environ[n]) for n in ("PGPASSFILE", "PGSERVICEFILE")
                       if os.environ.get(n)]
         if self.blobs_url is not None:
@@ -562,12 +569,28 @@ class Host:
         """
         assert self.ledger is not None
         pg = self.ledger if isinstance(self.ledger, PostgresLedger) else None
+        if pg is not None and not pg.try_claim(session):
+            # Held first, then read: no other Host can close it between the two.
+            raise RecordError(f"session {session} is still running (its Host is connected "
+                              f"to the ledger); it can be resumed once it ends",
+                              code="session_running")
         problems = check_chain(self.ledger, session)
         if problems:
             raise RecordError(f"cannot resume session {session}: the record's chain is broken "
                               f"({problems[0]}); `host-kernel audit {self.record_dir}`")
-        rows = self.ledger.query("SELECT seq, hash, kind, body FROM events WHERE session = ? "
-                                 "ORDER BY seq", (session,))
+        # On PostgreSQL the session's events are read replayed and checked (its MACs too):
+        # any writer of the database could have changed the rows a plain query returns.
+        source = rebuild(self.ledger, session) if pg is not None else self.ledger
+        try:
+            self._take_up_from(session, source, pg)
+        finally:
+            if source is not self.ledger:
+                source.close()
+        self._close_abandoned_sessions()
+
+    def _take_up_from(self, session: str, source: Any, pg: PostgresLedger | None) -> None:
+        rows = source.query("SELECT seq, hash, kind, body FROM events WHERE session = ? "
+                            "ORDER BY seq", (session,))
         if not rows or rows[0]["kind"] != "session_started":
             raise RecordError(f"no session {session} in the record {self.record_dir}",
                               code="unknown_session")
@@ -588,13 +611,8 @@ class Host:
             elif row["kind"] == "generation_started":
                 generation = max(generation, int(json.loads(row["body"])["generation"]))
         pid = last_start.get("pid")
-        if pg is not None:
-            if not pg.try_claim(session):
-                raise RecordError(f"session {session} is still running (its Host on "
-                                  f"{last_start.get('host')} is connected to the ledger); it "
-                                  f"can be resumed once it ends", code="session_running")
-        elif ended is None and (last_start.get("host") != socket.gethostname()
-                                or not isinstance(pid, int) or pid_alive(pid)):
+        if pg is None and ended is None and (last_start.get("host") != socket.gethostname()
+                                             or not isinstance(pid, int) or pid_alive(pid)):
             raise RecordError(f"session {session} is still running (Host process {pid} on "
                               f"{last_start.get('host')}); it can be resumed once it ends",
                               code="session_running")
@@ -605,8 +623,8 @@ class Host:
         self.request = started.get("request")
         previous = ended or "host_died"
         if ended is None:
-            for cell in self.ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
-                                          "status = 'running'", (session,)):
+            for cell in source.query("SELECT cell_id FROM cells WHERE session = ? AND "
+                                     "status = 'running'", (session,)):
                 self._append("cell_finished", {
                     "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
                     "execution_count": None, "recovered_by": "resume"})
@@ -618,7 +636,6 @@ class Host:
             "confinement": None if self.confinement is None else self.confinement.to_dict(),
             "kernel_env": sorted(self._launch_env),
         })
-        self._close_abandoned_sessions()
 
     def _close_abandoned_sessions(self) -> None:
         """Close, once, the sessions of this record whose Host died (housekeeping: when
@@ -668,15 +685,26 @@ class Host:
             if not ledger.try_claim(session):
                 continue  # its Host is alive (or another Host is closing it right now)
             try:
-                ended = ledger.query("SELECT ended FROM sessions WHERE session = ?", (session,))
-                if ended and ended[0]["ended"] is None:  # not closed meanwhile
-                    for cell in ledger.query("SELECT cell_id FROM cells WHERE session = ? AND "
-                                             "status = 'running'", (session,)):
-                        ledger.append(session, "cell_finished", {
-                            "cell_id": cell["cell_id"], "status": "host_died", "outputs": [],
-                            "execution_count": None, "recovered_by": self.session_id})
-                    ledger.append(session, "session_ended", {
-                        "reason": "host_died", "recovered_by": self.session_id})
+                # What to close is read from the session's checked events, never from the
+                # stored tables (any writer of the database could have changed those).
+                try:
+                    trusted = rebuild(ledger, session)
+                except RecordError:
+                    continue  # a session that fails its checks is audit's to report
+                with trusted:
+                    ended = trusted.query("SELECT ended FROM sessions WHERE session = ?",
+                                          (session,))
+                    running = [r["cell_id"] for r in trusted.query(
+                        "SELECT cell_id FROM cells WHERE session = ? AND status = 'running'",
+                        (session,))]
+                if not ended or ended[0]["ended"] is not None:
+                    continue  # ended already (or no session_started): nothing to close
+                for cell_id in running:
+                    ledger.append(session, "cell_finished", {
+                        "cell_id": cell_id, "status": "host_died", "outputs": [],
+                        "execution_count": None, "recovered_by": self.session_id})
+                ledger.append(session, "session_ended", {
+                    "reason": "host_died", "recovered_by": self.session_id})
             finally:
                 ledger.release(session)
 
@@ -1292,7 +1320,7 @@ class Host:
                     if reply["content"].get("execution_state") == "idle":
                         break
                 elif mtype == "execute_input":
-                    run.execution_count = reply["content"].get("execution_count")
+                    run.execution_count = _count(reply["content"].get("execution_count"))
                 elif mtype in _Outputs.KINDS:
                     collector.add(reply)
             except KeyboardInterrupt:
@@ -1639,13 +1667,23 @@ class Host:
     def _artifact_row(self, artifact_id: object) -> Any:
         if not isinstance(artifact_id, str):
             raise BadArguments("artifact_id must be a str (the artifact's UUID)")
-        assert self.ledger is not None
-        rows = self.ledger.query("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
-                                 (artifact_id, self.session_id))
+        rows = self.own_rows("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
+                             (artifact_id, self.session_id))
         if not rows:
             raise FileProblem(f"no artifact {artifact_id!r} in this session; host.artifacts() "
                               f"lists them")
         return rows[0]
+
+    def own_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """Rows of this session's projection as the Host can vouch for them: read from the
+        ledger file on SQLite (in the record folder, which the kernel cannot reach); on
+        PostgreSQL, a database other writers may reach, from this session's events
+        replayed and checked against what this Host wrote (:meth:`_trusted_projection`)."""
+        assert self.ledger is not None
+        if not isinstance(self.ledger, PostgresLedger):
+            return list(self.ledger.query(sql, params))
+        with self._trusted_projection() as trusted:
+            return list(trusted.query(sql, params))
 
     def _call_load_artifact(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
         artifact_id = args.get("artifact_id")
@@ -1673,13 +1711,20 @@ class Host:
         return {"path": written.path, "sha256": written.sha256, "size": written.size}
 
     def _call_artifacts(self, cell: _RunningCell, args: dict[str, Any], emit: Emit) -> Any:
-        assert self.ledger is not None
-        rows = self.ledger.query("SELECT * FROM artifacts WHERE session = ? ORDER BY seq",
-                                 (self.session_id,))
+        rows = self.own_rows("SELECT * FROM artifacts WHERE session = ? ORDER BY seq",
+                             (self.session_id,))
         return [Artifact(r["artifact_id"], r["filename"], r["sha256"], r["size"],
                          r["media_type"], r["cell_id"], r["generation"],
                          r["source_path"]).to_dict() for r in rows]
 
+
+
+def _count(value: object) -> int | None:
+    """A kernel's execution count as the record keeps it: a whole number that fits a
+    64-bit column, or None (the kernel says what it likes; every backend stores this)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    return None
 
 
 #: libpq's environment: where the database is, and the credentials that open it. With a

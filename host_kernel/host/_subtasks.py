@@ -50,9 +50,8 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 def _mint_handle(host: Host) -> str:
     """A handle no sub-task of this record has (lineage and audit look handles up across
     the record's sessions)."""
-    taken = {row["body"] for row in host.ledger.query(  # type: ignore[union-attr]
-        "SELECT json_extract(body, '$.handle') AS body FROM events WHERE "
-        "kind = 'subtask_started'")}
+    taken = {json.loads(row["body"]).get("handle") for row in host.ledger.query(  # type: ignore[union-attr]
+        "SELECT body FROM events WHERE kind = 'subtask_started'")}
     while True:
         handle = "st-" + secrets.token_hex(4)
         if handle not in taken:
@@ -224,20 +223,18 @@ def _copy(src: Any, target: Path, budget: list[int]) -> tuple[str, int]:
 
 
 def _artifact(host: Host, artifact_id: str) -> Any:
-    assert host.ledger is not None
-    rows = host.ledger.query("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
-                             (artifact_id, host.session_id))
+    rows = host.own_rows("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
+                         (artifact_id, host.session_id))
     return rows[0] if rows else None
 
 
 def _started(host: Host, handle: str) -> dict[str, Any]:
-    assert host.ledger is not None
-    rows = host.ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
-                             "'subtask_started' AND json_extract(body, '$.handle') = ?",
-                             (host.session_id, handle))
-    if not rows:
-        raise BadArguments(f"collect: no sub-task {handle!r} in this session")
-    return dict(json.loads(rows[0]["body"]))
+    for row in host.own_rows("SELECT body FROM events WHERE session = ? AND kind = "
+                             "'subtask_started' ORDER BY seq", (host.session_id,)):
+        body = json.loads(row["body"])
+        if body.get("handle") == handle:
+            return dict(body)
+    raise BadArguments(f"collect: no sub-task {handle!r} in this session")
 
 
 def collect(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any]:
@@ -358,9 +355,8 @@ def _map_reads(started: dict[str, Any], reads: dict[tuple[str, str], str | None]
 
 def collected_artifact(host: Host, artifact_id: str) -> dict[str, Any] | None:
     """A child artifact collected in this session (its bytes are in this record), or None."""
-    assert host.ledger is not None
-    for row in host.ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
-                                 "'subtask_collected' ORDER BY seq DESC", (host.session_id,)):
+    for row in host.own_rows("SELECT body FROM events WHERE session = ? AND kind = "
+                             "'subtask_collected' ORDER BY seq DESC", (host.session_id,)):
         body = json.loads(row["body"])
         for artifact in body.get("artifacts", ()):
             if artifact.get("artifact_id") == artifact_id:

@@ -251,12 +251,13 @@ class FsspecBlobStore:
         _fsync_dir(Path(final).parent)
 
     def _stored(self, digest: str, size: int) -> bool:
-        """Whether a put of these bytes can be skipped. Locally the blob is re-hashed (cheap,
-        as FileBlobStore does); remotely an object of the same size under the name is taken
-        as stored, since hashing it would download it (reads verify it anyway)."""
+        """Whether a put of these bytes can be skipped: the blob under the name hashes to
+        it. Remotely an object of another size is replaced at once; one of the same size is
+        downloaded and hashed (bytes planted under the name of the real ones are replaced,
+        not kept: a store's size or ETag is no sha256)."""
         if self.local:
             return self.hash_of(digest) == digest
-        return self._remote_size(digest) == size
+        return self._remote_size(digest) == size and self.hash_of(digest) == digest
 
     def _discard(self, tmp: str) -> None:
         try:
@@ -472,8 +473,9 @@ class MirroredBlobStore(FileBlobStore):
 
     def _mirror(self, digest: str) -> None:
         try:
-            if self.remote.exists(digest):
-                return
+            with self.remote._errors(f"look up {self.remote._label(digest)}"):
+                if self.remote._stored(digest, os.path.getsize(self.path(digest))):
+                    return
             sent = self.remote.put_file(self.path(digest))
         except StorageError as exc:
             raise StorageError(f"blob {digest[:12]}… is in the record but could not be copied "
@@ -489,7 +491,7 @@ class MirroredBlobStore(FileBlobStore):
 
     def stored(self, sha256: str) -> bool:
         return self._held_locally(sha256) and super().exists(sha256) and \
-            self.remote.exists(sha256)
+            self.remote._stored(sha256, os.path.getsize(self.path(sha256)))
 
     def _held_locally(self, sha256: str) -> bool:
         return os.path.lexists(self.path(sha256))

@@ -878,18 +878,22 @@ def collector_paused() -> Iterator[None]:
 
 
 def rebuild(ledger: Ledger, session: str | None = None,
-            sessions: Sequence[str] | None = None) -> SQLiteLedger:
+            sessions: Sequence[str] | None = None, key: bytes | None = None) -> SQLiteLedger:
     """Replay the events alone into a fresh in-memory ledger's projections.
 
     On a ledger with a chain per session (PostgreSQL), ``session`` (or ``sessions``)
-    replays only those sessions' events; SQLite's are always replayed whole.
+    replays only those sessions' events; SQLite's are always replayed whole. There the
+    replay also checks the very rows it replays (each session's links, its hashes, the
+    ``seq`` order, and with ``key``, default the ledger's own, every MAC) and raises
+    RecordRefused (``chain_broken``, ``event_unauthenticated``) rather than replay rows
+    that another query would not have shown.
     """
     with collector_paused():
-        return _rebuild(ledger, session, sessions)
+        return _rebuild(ledger, session, sessions, key)
 
 
-def _rebuild(ledger: Ledger, session: str | None,
-             sessions: Sequence[str] | None) -> SQLiteLedger:
+def _rebuild(ledger: Ledger, session: str | None, sessions: Sequence[str] | None,
+             key: bytes | None) -> SQLiteLedger:
     fresh = SQLiteLedger(None)
     conn = fresh._conn
     seq = 0
@@ -900,14 +904,22 @@ def _rebuild(ledger: Ledger, session: str | None,
             where, params = "WHERE session = ?", (session,)
         elif sessions is not None:  # one array parameter, however many sessions
             where, params = "WHERE session = ANY(?)", (list(sessions),)
+    per_session = _per_session(ledger)
     try:
         rows = ledger.query(f"SELECT seq, session, ts, kind, body, prev, hash, "
-                            f"{_mac_select(ledger)} FROM events {where} ORDER BY seq", params)
+                            f"{_mac_select(ledger)}{', n' if per_session else ''} FROM events "
+                            f"{where} ORDER BY seq", params)
+        if per_session:
+            from .pg import replay_problems
+
+            if key is None:
+                key = getattr(ledger, "key", lambda: None)()
+            replay_problems(rows, key)
         conn.execute("BEGIN")
         for row in rows:
             seq = row["seq"]
             conn.execute(f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
-                         tuple(row))
+                         tuple(row)[:8])
             body = json.loads(row["body"])
             if not isinstance(body, dict):
                 raise TypeError("body is not an object")

@@ -39,13 +39,16 @@ of stored and rebuilt projections allows for exactly that.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
 import os
+import tempfile
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -55,6 +58,7 @@ from .ledger import (
     _EVENT_COLUMNS,
     GENESIS,
     KEY_BYTES,
+    PROJECTION_TABLES,
     ChainProblem,
     Event,
     ForeignEventError,
@@ -69,8 +73,8 @@ from .ledger import (
     read_events,
 )
 
-__all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "is_postgres_url", "key_file", "ledger_key",
-           "redact_url", "session_chain_problems"]
+__all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "is_postgres_url", "key_path", "keys_folder",
+           "ledger_key", "read_key", "redact_url", "replay_problems", "session_chain_problems"]
 
 #: The environment variable naming the record key file of a PostgreSQL ledger.
 KEY_ENV = "HOST_KERNEL_LEDGER_KEY"
@@ -156,86 +160,102 @@ def is_postgres_url(value: object) -> bool:
                                                                           "postgres")
 
 
+#: Query parameters of a connection URL that carry a secret.
+_SECRET_PARAMS = frozenset({"password", "sslpassword", "passfile", "sslkey"})
+
+
 def redact_url(url: str) -> str:
-    """``url`` without its password, for messages and records."""
+    """``url`` without its password (in the user part or the query), for messages and
+    records; anything else is left as it was written."""
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    out = url
+    if parts.password is not None:
+        host = parts.netloc.rsplit("@", 1)[-1]
+        out = out.replace(parts.netloc, f"{parts.username or ''}:***@{host}", 1)
+    if parts.query and any(k.lower() in _SECRET_PARAMS for k, _ in
+                           urllib.parse.parse_qsl(parts.query, keep_blank_values=True)):
+        query = "&".join(
+            f"{item.split('=', 1)[0]}=***" if item.split("=", 1)[0].lower() in _SECRET_PARAMS
+            else item for item in parts.query.split("&"))
+        out = out.replace("?" + parts.query, "?" + query, 1)
+    return out
 
 
-def _where(url: str) -> str:
-    """The server and database a URL names (no user, no password): the key file's name."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qs(parts.query)
-    host = parts.hostname or (query.get("host") or ["local"])[0]
-    port = parts.port or int((query.get("port") or ["5432"])[0])
-    database = parts.path.lstrip("/") or (query.get("dbname") or [""])[0] or \
-        (parts.username or "")
-    return f"{host}:{port}/{database}"
+def keys_folder() -> Path:
+    """Where PostgreSQL ledgers' record keys are kept by default, one file per ledger
+    (``<ledger id>.key``); hidden from every kernel."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "host_kernel" / "ledger-keys"
 
 
-def _key_path(url: str) -> Path:
+def key_path(ledger_id: str) -> Path:
+    """The key file of the ledger whose id (in its ``ledger_meta``) is ``ledger_id``:
+    ``$HOST_KERNEL_LEDGER_KEY`` when set, else ``<keys_folder>/<ledger_id>.key``."""
     named = os.environ.get(KEY_ENV)
     if named:
         return Path(named)
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    name = hashlib.sha256(_where(url).encode("utf-8")).hexdigest()[:24]
-    return base / "host_kernel" / "ledger-keys" / f"{name}.key"
+    if not ledger_id.isalnum():  # the id is read from the database: never a path
+        raise RecordRefused(f"the ledger's id {ledger_id[:40]!r} is not one host_kernel made",
+                            code="record_key_invalid")
+    return keys_folder() / f"{ledger_id}.key"
 
 
-def key_file(url: str) -> Path:
-    """Where the record key of the PostgreSQL ledger at ``url`` is kept (see the module)."""
-    return _key_path(url)
+def _make_key(path: Path) -> None:
+    """Write 32 random bytes to ``path`` (mode 0600) if no file is there: written whole
+    to a temporary file, then linked into place, so no reader ever sees a short key."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=".key-", dir=path.parent)
+    try:
+        os.write(fd, os.urandom(KEY_BYTES))
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another writer made it first: theirs is the key
+    except OSError as exc:
+        raise RecordError(f"cannot create the ledger key {path}: {exc.strerror or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        os.unlink(tmp)
+
+
+def read_key(path: Path) -> bytes:
+    """The record key in ``path``. Raises RecordRefused: ``record_key_missing`` (no file,
+    or unreadable), ``record_key_invalid`` (not 32 bytes)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise RecordRefused(f"no record key: {path} does not exist (set {KEY_ENV} to the key "
+                            f"file the ledger's writers use)", code="record_key_missing") from None
+    except OSError as exc:
+        raise RecordRefused(f"cannot read the ledger key {path}: {exc.strerror or exc}",
+                            code="record_key_missing") from None
+    try:
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != KEY_BYTES:
+        raise RecordRefused(f"{path} holds {len(key)} bytes, not {KEY_BYTES}",
+                            code="record_key_invalid")
+    return key
 
 
 def ledger_key(url: str, *, create: bool = True) -> bytes:
-    """The record key of the PostgreSQL ledger at ``url``, read from its key file; made
-    (32 random bytes, mode 0600) when there is none and ``create``.
+    """The record key of the PostgreSQL ledger at ``url``, as its writers use it.
 
-    Raises RecordRefused: ``record_key_missing`` (no file, and not ``create``, or
-    unreadable), ``record_key_invalid`` (not 32 bytes).
+    With ``create`` (a writer, or a batch driver that hands the key to its workers) the
+    ledger's schema and key are made when missing; without, the ledger is only read
+    and a missing key is ``record_key_missing``.
     """
-    path = _key_path(url)
-    if create and not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise RecordError(f"cannot create the ledger key {path}: "
-                              f"{exc.strerror or exc}") from None
-        else:
-            try:
-                os.write(fd, os.urandom(KEY_BYTES))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    deadline = time.monotonic() + 2.0
-    while True:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise RecordRefused(f"no record key for the ledger at {redact_url(url)}: {path} "
-                                f"does not exist (set {KEY_ENV} to the key file the ledger's "
-                                f"writers use)", code="record_key_missing") from None
-        except OSError as exc:
-            raise RecordRefused(f"cannot read the ledger key {path}: {exc.strerror or exc}",
-                                code="record_key_missing") from None
-        try:
-            key = os.read(fd, KEY_BYTES + 1)
-        finally:
-            os.close(fd)
-        if len(key) == KEY_BYTES:
-            return key
-        if time.monotonic() > deadline:  # another writer may be between create and write
-            raise RecordRefused(f"{path} holds {len(key)} bytes, not {KEY_BYTES}",
-                                code="record_key_invalid")
-        time.sleep(0.01)
+    if create:
+        with PostgresLedger(url) as writer:
+            assert writer._key is not None
+            return writer._key
+    with PostgresLedger.open_readonly(url) as reader:
+        return read_key(key_path(reader.ledger_id()))
 
 
 def _key_check(key: bytes) -> str:
@@ -339,24 +359,18 @@ class PostgresLedger:
         self._known: dict[str, Head] = {}
         self._last: Head | None = None
         self._claimed: set[str] = set()
-        if not readonly and key is None:
-            key = ledger_key(url)
+        #: Sessions this writer held and lost (another Host took them up while its
+        #: connection was down): nothing more is appended to them.
+        self._lost: set[str] = set()
         if key is not None and len(key) != KEY_BYTES:
             raise RecordRefused(f"a record key is {KEY_BYTES} bytes, not {len(key)}",
                                 code="record_key_invalid")
         self._key = key
+        self._connect_timeout = connect_timeout
+        self._conn = self._connect()
         try:
-            self._conn = psycopg.connect(url, autocommit=True, row_factory=_row_factory,
-                                         connect_timeout=max(1, int(connect_timeout)),
-                                         application_name="host_kernel")
-        except psycopg.Error as exc:
-            raise _pg_error(exc, "connect", url) from None
-        try:
-            # The ledger's tables are always those of its own schema: a table of the same
-            # name that someone made in another schema on the search path is never read.
-            self._conn.execute(f"SET search_path = {PG_SCHEMA}")
             if readonly:
-                self._conn.execute("SET default_transaction_read_only = on")
+                self._plain_tables()  # an empty database passes: has_table says it is empty
             else:
                 self._create_schema()
         except BaseException as exc:
@@ -370,22 +384,112 @@ class PostgresLedger:
         """A reader: every statement runs in a read-only transaction; nothing is created."""
         return cls(url, key=key, readonly=True)
 
+    def _connect(self) -> Any:
+        """A connection set up as every statement of the ledger needs it."""
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
+                                   connect_timeout=max(1, int(self._connect_timeout)),
+                                   application_name="host_kernel")
+        except psycopg.Error as exc:
+            raise _pg_error(exc, "connect", self.url) from None
+        try:
+            # The ledger's tables are always those of its own schema: a table of the same
+            # name that someone made in another schema on the search path is never read.
+            conn.execute(f"SET search_path = {PG_SCHEMA}")
+            # Every double read back exactly as written (the hash covers ts), whatever the
+            # server's or the role's default.
+            conn.execute("SET extra_float_digits = 3")
+            encoding = _one(conn.execute("SHOW server_encoding"))
+            if str(encoding).upper() not in ("UTF8", "UTF-8"):
+                raise RecordRefused(f"the database at {redact_url(self.url)} stores text as "
+                                    f"{encoding}, not UTF8: events would not read back as "
+                                    f"written", code="record_unreadable")
+            if self.readonly:
+                conn.execute("SET default_transaction_read_only = on")
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise _pg_error(exc, "open the ledger", self.url) from None
+            raise
+        return conn
+
+    def _plain_tables(self) -> bool:
+        """Whether the ledger's tables exist (False: an empty database). Refuses, with
+        ``record_unreadable``, a ledger whose events, heads or projection tables are not
+        ordinary tables of its schema (a view could show each query what it wants)."""
+        names = ["events", "heads", "ledger_meta", *(t for t, _ in PROJECTION_TABLES)]
+        rows = self._conn.execute(
+            "SELECT c.relname, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace "
+            "n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s)",
+            (PG_SCHEMA, names)).fetchall()
+        odd = sorted(r[0] for r in rows if r[1] != "r")
+        if odd:
+            raise RecordRefused(f"the ledger's {', '.join(odd)} {'is' if len(odd) == 1 else 'are'}"
+                                f" not a plain table (a view or another relation stands in its "
+                                f"place); the ledger will not be read", code="record_unreadable")
+        return any(r[0] == "events" for r in rows)
+
     def _create_schema(self) -> None:
-        assert self._key is not None
         with self._conn.transaction():
             self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA}")
             self._conn.execute(SCHEMA)
-            check = _key_check(self._key)
+            self._conn.execute("INSERT INTO ledger_meta VALUES ('ledger_id', %s) "
+                               "ON CONFLICT (name) DO NOTHING", (uuid.uuid4().hex,))
+        self._plain_tables()
+        if self._key is None:
+            path = key_path(self.ledger_id())
+            if not path.exists():
+                has_events = self._conn.execute("SELECT 1 FROM events LIMIT 1").fetchone()
+                if has_events is not None:  # a fresh key would not vouch for them
+                    raise RecordRefused(
+                        f"the ledger at {redact_url(self.url)} holds events, but its record key "
+                        f"{path} is not here; set {KEY_ENV} to the key file its writers use",
+                        code="record_key_missing")
+                _make_key(path)
+            self._key = read_key(path)
+        check = _key_check(self._key)
+        with self._conn.transaction():
             self._conn.execute("INSERT INTO ledger_meta VALUES ('key_check', %s) "
                                "ON CONFLICT (name) DO NOTHING", (check,))
             row = self._conn.execute("SELECT value FROM ledger_meta WHERE name = "
                                      "'key_check'").fetchone()
         if row is None or not hmac.compare_digest(str(row[0]), check):
             raise RecordRefused(
-                f"the record key in {key_file(self.url)} is not the key of the ledger at "
-                f"{redact_url(self.url)} (its events were written with another one); "
-                f"point {KEY_ENV} at the ledger's key file", code="record_key_invalid")
+                f"the record key given is not the key of the ledger at {redact_url(self.url)} "
+                f"(its events were written with another one); point {KEY_ENV} at the "
+                f"ledger's key file", code="record_key_invalid")
+
+    def ledger_id(self) -> str:
+        """The ledger's id, made with its schema; its key file is named after it."""
+        rows = self.query("SELECT value FROM ledger_meta WHERE name = 'ledger_id'") \
+            if self.has_table("ledger_meta") else []
+        if not rows:
+            raise RecordRefused(f"no ledger at {redact_url(self.url)} (no host_kernel schema)",
+                                code="record_missing")
+        return str(rows[0][0])
+
+    def key(self) -> bytes | None:
+        """The record key this ledger was opened with (a writer always has one)."""
+        return self._key
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Run every query inside in one read-only, repeatable-read transaction: the
+        checks and the replay of a reader see the same rows, whatever is written meanwhile."""
+        with self._lock:
+            if self._conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE:
+                yield  # already inside one
+                return
+            self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                yield
+            finally:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except self._psycopg.Error:
+                    pass
 
     def _folder(self) -> str:
         return f"--ledger {redact_url(self.url)}"
@@ -400,43 +504,103 @@ class PostgresLedger:
             raise RecordRefused(f"the ledger at {redact_url(self.url)} was opened read-only",
                                 code="record_readonly")
         key = self._key
+        if session in self._lost:
+            raise ForeignEventError(f"session {session} was taken up by another Host while "
+                                    f"this writer's connection was down; nothing was appended",
+                                    problems=[ChainProblem(0, "the session was lost")])
         text, field = _serialise(kind, body)
-        psycopg = self._psycopg
         with self._lock:
-            conn = self._conn
+            doing = f"append {kind} to the ledger"
             try:
-                # Two round trips: the session's head (locked) with the next seq, then the
-                # event, the head moved on, the projection and the commit, pipelined.
-                with conn.pipeline(), conn.transaction():
-                    head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
-                           "session = %s FOR UPDATE"
+                return self._append(session, kind, body, key, text, field)
+            except self._psycopg.OperationalError as exc:
+                if not (self._conn.closed or self._conn.broken):
+                    raise _pg_error(exc, doing, self.url) from None
+            # The connection dropped (a server restart, a network cut): nothing was
+            # committed. Take it up again, once, if nothing moved while it was down.
+            self._reconnect()
+            try:
+                return self._append(session, kind, body, key, text, field)
+            except self._psycopg.Error as exc:
+                raise _pg_error(exc, doing, self.url) from None
+
+    def _append(self, session: str, kind: str, body: dict[str, Any], key: bytes, text: str,
+                field: str | None) -> Event:
+        psycopg = self._psycopg
+        conn = self._conn
+        try:
+            # Two round trips: the session's head (locked) with the next seq, then the
+            # event, the head moved on, the projection and the commit, pipelined.
+            with conn.pipeline(), conn.transaction():
+                head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
+                       "session = %s FOR UPDATE"
+                row = conn.execute(head, (session,)).fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO heads VALUES (%s, 0, %s, 0) "
+                                 "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
                     row = conn.execute(head, (session,)).fetchone()
-                    if row is None:
-                        conn.execute("INSERT INTO heads VALUES (%s, 0, %s, 0) "
-                                     "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
-                        row = conn.execute(head, (session,)).fetchone()
-                    assert row is not None  # inserted just before, in this transaction
-                    # Head(n, hash): the session's last place in its chain, not a seq.
-                    tail = None if row[0] == 0 else Head(row[0], row[1])
-                    seq = row[2]
-                    if tail != self._known.get(session):
-                        self._accept_others(session, key, tail)
-                    n, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
-                    ts = time.time()
-                    digest = event_hash(prev, n, session, ts, kind, text)
-                    conn.execute(
-                        "INSERT INTO events (seq, session, n, ts, kind, body, prev, hash, mac) "
-                        "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                        (seq, session, n, ts, kind, text, prev, digest, event_mac(key, digest)))
-                    conn.execute("UPDATE heads SET n = %s, hash = %s, seq = %s "
-                                  "WHERE session = %s", (n, digest, seq, session))
-                    project(_Projector(conn), seq, session, ts, kind, body,  # type: ignore[arg-type]
-                            text, field)
-            except psycopg.Error as exc:
-                raise _pg_error(exc, f"append {kind} to the ledger", self.url) from None
-            self._known[session] = Head(n, digest)
-            self._last = Head(seq, digest)
+                assert row is not None  # inserted just before, in this transaction
+                # Head(n, hash): the session's last place in its chain, not a seq.
+                tail = None if row[0] == 0 else Head(row[0], row[1])
+                seq = row[2]
+                if tail != self._known.get(session):
+                    if session in self._claimed and session in self._known:
+                        # Nobody else writes a session this writer holds: whatever moved
+                        # its chain (a Host that took it over) ends this writer's part.
+                        raise ForeignEventError(
+                            f"session {session} was changed by another writer while this "
+                            f"one held it; nothing was appended",
+                            problems=[ChainProblem(0 if tail is None else tail.seq,
+                                                   "the session's chain moved on")])
+                    self._accept_others(session, key, tail)
+                n, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
+                ts = time.time()
+                digest = event_hash(prev, n, session, ts, kind, text)
+                conn.execute(
+                    "INSERT INTO events (seq, session, n, ts, kind, body, prev, hash, mac) "
+                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                    (seq, session, n, ts, kind, text, prev, digest, event_mac(key, digest)))
+                conn.execute("UPDATE heads SET n = %s, hash = %s, seq = %s "
+                              "WHERE session = %s", (n, digest, seq, session))
+                project(_Projector(conn), seq, session, ts, kind, body,  # type: ignore[arg-type]
+                        text, field)
+        except psycopg.OperationalError:
+            raise  # append() tells a dropped connection from a refused statement
+        except psycopg.Error as exc:
+            raise _pg_error(exc, f"append {kind} to the ledger", self.url) from None
+        self._known[session] = Head(n, digest)
+        self._last = Head(seq, digest)
         return Event(seq, session, ts, kind, body, prev, digest)
+
+    def _reconnect(self) -> None:
+        """A new connection after the old one dropped: the sessions this writer held are
+        taken again, and each must still end where this writer left it. Otherwise (another
+        Host closed one as abandoned while the connection was down, or the server is still
+        gone) RecordError, and this writer appends nothing more to that session."""
+        try:
+            self._conn.close()
+        except self._psycopg.Error:
+            pass
+        self._conn = self._connect()
+        held, self._claimed = sorted(self._claimed), set()
+        for session in held:
+            if not self.try_claim(session):
+                self._lost.add(session)
+                raise ForeignEventError(
+                    f"the connection to the ledger dropped and another Host now holds session "
+                    f"{session}; nothing more is appended to it",
+                    problems=[ChainProblem(0, "the session is held by another Host")])
+            known = self._known.get(session)
+            rows = self._conn.execute("SELECT n, hash FROM heads WHERE session = %s",
+                                      (session,)).fetchall()
+            now = Head(rows[0][0], rows[0][1]) if rows and rows[0][0] else None
+            if now != known:
+                self._lost.add(session)
+                raise ForeignEventError(
+                    f"the connection to the ledger dropped, and session {session} was changed "
+                    f"meanwhile (another Host closed it as abandoned); nothing more is "
+                    f"appended to it", problems=[ChainProblem(0 if now is None else now.seq,
+                                                              "the session's chain moved on")])
 
     def _accept_others(self, session: str, key: bytes, tail: Head | None) -> None:
         """Take events other key holders appended to ``session`` after the known head
@@ -450,14 +614,16 @@ class PostgresLedger:
             if row is None or row[0] != known_hash:
                 problems.append(ChainProblem(known_n, "this ledger wrote or checked it, and it "
                                                       "is now gone or changed"))
+        if tail is None and known_n:
+            problems.append(ChainProblem(known_n, "the session's head is gone from heads"))
         if tail is not None and tail.seq < known_n:
             problems.append(ChainProblem(tail.seq, f"the session's chain now ends here, before "
                                                    f"event {known_n} (events removed)"))
-        prev, expected = known_hash, known_n + 1
+        prev, expected, prev_seq = known_hash, known_n + 1, 0
         for r in self._conn.execute(f"SELECT n, {_EVENT_COLUMNS} FROM events WHERE session = "
-                                    f"%s AND n > %s ORDER BY n", (session, known_n)):
-            problems.extend(_link_problems(r, prev, expected, key))
-            prev, expected = r["hash"], r["n"] + 1
+                                    f"%s AND n > %s ORDER BY n", (session, known_n)).fetchall():
+            problems.extend(_link_problems(r, prev, expected, key, prev_seq))
+            prev, expected, prev_seq = r["hash"], r["n"] + 1, r["seq"]
         if problems:
             raise ForeignEventError(_foreign_message(problems, self._folder()) +
                                     "; nothing was appended", problems=problems)
@@ -535,7 +701,9 @@ class PostgresLedger:
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
             try:
-                return list(self._conn.execute(_pg_sql(sql), tuple(params)).fetchall())
+                # Text with U+0000 cannot be sent; it is stored as U+FFFD (see the module).
+                return list(self._conn.execute(_pg_sql(sql),
+                                               tuple(_no_nul(p) for p in params)).fetchall())
             except self._psycopg.Error as exc:
                 raise _pg_error(exc, "read the ledger", self.url) from None
 
@@ -558,10 +726,15 @@ def _one(cursor: Any) -> Any:
     return row[0]
 
 
-def _link_problems(r: Any, prev: str, expected: int, key: bytes | None) -> list[ChainProblem]:
-    """What is wrong with one event of a session's chain, given the one before it."""
+def _link_problems(r: Any, prev: str, expected: int, key: bytes | None,
+                   prev_seq: int = 0) -> list[ChainProblem]:
+    """What is wrong with one event of a session's chain, given the one before it (its
+    hash, its place ``n``, its ``seq``)."""
     problems: list[ChainProblem] = []
     seq, n = r["seq"], r["n"]
+    if seq <= prev_seq:  # seq is not hashed; its order within a session is checked here
+        problems.append(ChainProblem(seq, f"its seq comes before that of the session's event "
+                                          f"{expected - 1} (events reordered)"))
     if n != expected:
         problems.append(ChainProblem(seq, f"the session's chain jumps from event {expected - 1}"
                                           f" to {n} (events deleted)"))
@@ -589,14 +762,14 @@ def session_chain_problems(ledger: PostgresLedger, session: str | None = None,
     problems: list[ChainProblem] = []
     where, params = ("WHERE session = ?", (session,)) if session is not None else ("", ())
     current: str | None = None
-    prev, expected = GENESIS, 1
+    prev, expected, prev_seq = GENESIS, 1, 0
     last: dict[str, tuple[int, str]] = {}
     for r in ledger.query(f"SELECT n, {_EVENT_COLUMNS} FROM events {where} "
                           f"ORDER BY session, n", params):
         if r["session"] != current:
-            current, prev, expected = r["session"], GENESIS, 1
-        problems.extend(_link_problems(r, prev, expected, key))
-        prev, expected = r["hash"], r["n"] + 1
+            current, prev, expected, prev_seq = r["session"], GENESIS, 1, 0
+        problems.extend(_link_problems(r, prev, expected, key, prev_seq))
+        prev, expected, prev_seq = r["hash"], r["n"] + 1, r["seq"]
         last[r["session"]] = (r["n"], r["hash"])
     for h in ledger.query(f"SELECT session, n, hash, seq FROM heads {where}", params):
         if h["n"] == 0:
@@ -607,3 +780,21 @@ def session_chain_problems(ledger: PostgresLedger, session: str | None = None,
                                                    f"at its event {h['n']}, and it does not "
                                                    f"(events removed or rewritten)"))
     return sorted(problems, key=lambda p: p.seq)
+
+
+def replay_problems(rows: Sequence[Any], key: bytes | None) -> None:
+    """Check the rows a replay is about to fold (``seq`` order, whole sessions): each
+    session's chain from its first event, and with ``key`` every MAC. Raises
+    RecordRefused (``chain_broken`` or ``event_unauthenticated``) at the first problem,
+    so what is replayed is what was checked, row for row."""
+    state: dict[str, tuple[str, int, int]] = {}  # session: (prev hash, next n, last seq)
+    for r in rows:
+        prev, expected, prev_seq = state.get(r["session"], (GENESIS, 1, 0))
+        problems = _link_problems(r, prev, expected, key, prev_seq)
+        if problems:
+            forged = [p for p in problems if "MAC" in p.problem]
+            raise RecordRefused(f"the events read for the replay do not hold together "
+                                f"({problems[0]}); the record was altered",
+                                code="event_unauthenticated" if forged and len(forged) ==
+                                len(problems) else "chain_broken")
+        state[r["session"]] = (r["hash"], r["n"] + 1, r["seq"])

@@ -35,8 +35,8 @@ from .ledger import (
     rebuild,
 )
 
-__all__ = ["Drift", "LedgerRecord", "event_count", "open_verified", "open_verified_ledger", "projection_drift",
-           "record_folder"]
+__all__ = ["Drift", "LedgerRecord", "event_count", "open_verified", "open_verified_ledger",
+           "projection_drift", "record_folder"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,25 +227,25 @@ def open_verified(record_dir: str | Path | LedgerRecord) -> SQLiteLedger:
 def open_verified_ledger(url: str, session: str | None = None, *,
                          key: bytes | None = None) -> SQLiteLedger:
     """:func:`open_verified` for a PostgreSQL ledger: ``session``'s projection (or every
-    session's) rebuilt in memory from its checked chain, after the same checks.
+    session's) rebuilt in memory from its checked chain, after the same checks, all in
+    one read-only snapshot of the database.
 
-    ``key``: the ledger's record key (default: read from its key file when it can be,
-    as :func:`host_kernel.store.pg.ledger_key` finds it; without it the MACs are not
-    checked, as for a SQLite record whose key cannot be read). Refuses with the same
-    codes; ``record_missing`` when ``session`` has no events there.
+    ``key``: the ledger's record key (default: its key file, as
+    :func:`host_kernel.store.pg.key_path` finds it). Unlike a SQLite record, whose folder
+    Landlock keeps from the kernel, a database on the network may have writers without
+    the key: a PostgreSQL ledger is never shown without its MACs checked, and a missing
+    key is ``record_key_missing``. Refuses with the same codes as :func:`open_verified`;
+    ``record_missing`` when ``session`` has no events there.
     """
-    from .pg import PostgresLedger, ledger_key, redact_url
+    from .pg import PostgresLedger, key_path, read_key, redact_url
 
     where = f"--ledger {redact_url(url)}"
-    if key is None:
-        try:
-            key = ledger_key(url, create=False)
-        except RecordRefused:
-            key = None
-    with PostgresLedger.open_readonly(url) as stored:
+    with PostgresLedger.open_readonly(url) as stored, stored.snapshot():
         if not stored.has_table("events"):
             raise RecordRefused(f"the ledger at {redact_url(url)} holds no events",
                                 code="ledger_empty")
+        if key is None:
+            key = read_key(key_path(stored.ledger_id()))
         if session is not None and not stored.query(
                 "SELECT 1 FROM events WHERE session = ? LIMIT 1", (session,)):
             raise RecordRefused(f"no session {session} in the ledger at {redact_url(url)}",
@@ -254,14 +254,15 @@ def open_verified_ledger(url: str, session: str | None = None, *,
         if problems:
             raise RecordRefused(f"the record's hash chain is broken ({problems[0]}); run "
                                 f"`host-kernel audit {where}`", code="chain_broken")
-        if key is not None:
-            forged = check_macs(stored, key, session)
-            if forged:
-                raise RecordRefused(f"the record holds events no holder of its key wrote "
-                                    f"({forged[0]}); run `host-kernel audit {where}`",
-                                    code="event_unauthenticated")
+        forged = check_macs(stored, key, session)
+        if forged:
+            raise RecordRefused(f"the record holds events no holder of its key wrote "
+                                f"({forged[0]}); run `host-kernel audit {where}`",
+                                code="event_unauthenticated")
         try:
-            rebuilt = rebuild(stored, session)
+            rebuilt = rebuild(stored, session, key=key)
+        except RecordRefused:
+            raise
         except RecordError as exc:
             raise RecordRefused(exc.message, code="record_unreadable") from exc
         try:
