@@ -499,9 +499,69 @@ def test_the_api_refuses_tasks_that_cannot_run_before_anything_starts(tmp_path: 
         run_batch([Task.notebook(nb)], workspaces=tmp_path / "ws")
 
 
-def test_the_local_cluster_listens_on_loopback_only(client: Client) -> None:
+def test_the_local_cluster_listens_on_loopback_only_and_speaks_only_tls(client: Client) -> None:
+    """A kernel on this machine can reach loopback ports; a Dask client runs any code on
+    the workers. The cluster takes only clients holding its in-memory certificates."""
     cluster = client.cluster
-    assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+    assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
     assert cluster.dashboard_link.startswith("http://127.0.0.1:")
     assert ":8787/" not in cluster.dashboard_link
-    assert all(addr.startswith("tcp://127.0.0.1:") for addr in client.scheduler_info()["workers"])
+    assert all(addr.startswith("tls://127.0.0.1:") for addr in client.scheduler_info()["workers"])
+    with pytest.raises((OSError, TimeoutError, ValueError, TypeError)):
+        Client(cluster.scheduler_address, timeout=3)  # no certificate, as a kernel has none
+    plain = cluster.scheduler_address.replace("tls://", "tcp://")
+    with pytest.raises((OSError, TimeoutError, ValueError)):
+        Client(plain, timeout=3)
+
+
+def test_a_tasks_kernel_reaches_no_other_tasks_workspace_or_status(client: Client) -> None:
+    """Workspaces outside /tmp (which every kernel is kept from anyway): the second
+    batch's kernel can read neither the first task's files nor its signed status."""
+    root = Path(tempfile.mkdtemp(dir=Path.home(), prefix=".hk-batch-test-"))
+    try:
+        first = write_notebook(root / "nbs" / "first.ipynb", 1)
+        done = run_batch([Task.notebook(first)], scheduler=client, workspaces=root / "ws")
+        assert done.accepted, failures(done)
+        secret = root / "ws" / "first" / "attempt-1" / "first.ipynb"
+        status = root / "ws" / "first" / "attempt-1.json"
+        assert secret.is_file() and status.is_file()
+        probe = root / "probe" / "probe.ipynb"
+        probe.parent.mkdir()
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+            "for p in (%r, %r):\n"
+            "    try:\n"
+            "        open(p).read()\n"
+            "    except PermissionError:\n"
+            "        continue\n"
+            "    raise SystemExit('read ' + p)\n"
+            "try:\n"
+            "    open(%r, 'w').write('{}')\n"
+            "except PermissionError:\n"
+            "    pass\n"
+            "else:\n"
+            "    raise SystemExit('wrote the status file')\n" % (str(secret), str(status),
+                                                               str(status)))]), probe)
+        second = run_batch([Task.notebook(probe)], scheduler=client, workspaces=root / "ws")
+        (summary,) = second.summaries
+        if summary.confinement != CONFINED:
+            pytest.skip(f"NO CONFINEMENT HERE: {summary.confinement}")
+        assert summary.accepted, failures(second)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_finished_status_is_reused_only_when_its_batch_signed_it(tmp_path: Path) -> None:
+    from host_kernel.batch import _claim, _signature
+
+    folder = tmp_path / "task"
+    (folder / "attempt-1").mkdir(parents=True)
+    summary = TaskSummary("task", "notebook", "accepted", session_id="s").to_dict()
+    secret = os.urandom(32)
+    forged = {"state": "finished", "batch": "b", "summary": summary, "mac": "0" * 64}
+    (folder / "attempt-1.json").write_text(json.dumps(forged))
+    n, _, reused, _ = _claim(folder, "b", secret)
+    assert reused is None and n == 2  # not this batch's: a new attempt is claimed
+    signed = {**forged, "mac": _signature(secret, summary)}
+    (folder / "attempt-1.json").write_text(json.dumps(signed))
+    n, _, reused, _ = _claim(folder, "b", secret)
+    assert n == 1 and reused is not None and reused.accepted

@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import hmac
 import json
 import logging
 import os
@@ -272,7 +273,8 @@ class Settings:
 
     workspaces: str
     records: str | None = None
-    ledger: str | None = None
+    #: The ledger's URL may carry a password: never in a repr (Dask logs failed tasks').
+    ledger: str | None = field(default=None, repr=False)
     ledger_key: bytes | None = field(default=None, repr=False)
     blobs: str | None = None
     llm: Any = None  # a host_kernel.llm.LLMConfig; the client is made on the worker
@@ -282,6 +284,9 @@ class Settings:
     skip: tuple[str, ...] = ()
     #: The batch's id: a finished attempt's summary is reused only by its own batch.
     batch: str = ""
+    #: Signs each finished attempt's status file: a summary is reused (its result lost
+    #: with its worker) only when this batch's worker wrote it.
+    secret: bytes = field(default=b"", repr=False)
 
 
 # ----------------------------------------------------------------------------- task files
@@ -372,9 +377,18 @@ def _checked(tasks: Iterable[Task]) -> list[Task]:
             _check_notebook(Path(task.source))
         else:
             agents += 1
+        names: set[str] = set()
         for p in task.inputs:
             if not os.path.lexists(p):
                 raise TaskInvalid(f"no such input: {p}")
+            name = Path(os.path.abspath(p)).name
+            if not name or name in (".", ".."):
+                raise TaskInvalid(f"input {p!r} names no file or folder to copy (give the "
+                                  f"folder by its own name)")
+            if name in names:
+                raise TaskInvalid(f"two inputs of one task are named {name!r}; each is copied "
+                                  f"into the workspace under its own name")
+            names.add(name)
         mode = task.mode
         if mode is not None:
             try:
@@ -389,7 +403,10 @@ def _checked(tasks: Iterable[Task]) -> list[Task]:
             n += 1
             name = f"{stem}-{n}"
         taken.add(name)
-        out.append(Task(task.kind, task.source, task.inputs, mode, name))
+        # Paths are opened on the workers: made absolute here, where they were checked.
+        source = os.path.abspath(task.source) if task.kind == "notebook" else task.source
+        out.append(Task(task.kind, source, tuple(os.path.abspath(p) for p in task.inputs),
+                        mode, name))
     if not out:
         raise TaskInvalid("no tasks to run")
     return out
@@ -488,7 +505,20 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _claim(folder: Path, batch: str) -> tuple[int, Path, TaskSummary | None, list[str]]:
+def _signature(secret: bytes, summary: Any) -> str:
+    text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
+    return hmac.digest(secret, text.encode("utf-8"), "sha256").hex()
+
+
+def _signed(status: dict[str, Any], secret: bytes) -> bool:
+    """Whether a finished status was written by a worker of the batch holding ``secret``."""
+    mac = status.get("mac")
+    return bool(secret) and isinstance(mac, str) and hmac.compare_digest(
+        mac, _signature(secret, status.get("summary")))
+
+
+def _claim(folder: Path, batch: str, secret: bytes = b""
+           ) -> tuple[int, Path, TaskSummary | None, list[str]]:
     """The next attempt of the task whose attempts live in ``folder``: its number, its new
     workspace, the summary of an earlier attempt of ``batch`` that finished (then nothing
     is claimed), and the sessions of earlier attempts that never finished."""
@@ -499,7 +529,7 @@ def _claim(folder: Path, batch: str) -> tuple[int, Path, TaskSummary | None, lis
         workspace = folder / f"attempt-{n}"
         status = _read_json(folder / f"attempt-{n}.json")
         if status is not None and status.get("state") == "finished" \
-                and status.get("batch") == batch:
+                and status.get("batch") == batch and _signed(status, secret):
             return n, workspace, TaskSummary.from_dict(status["summary"]), []
         try:
             workspace.mkdir()
@@ -525,6 +555,15 @@ def _copy_in(sources: Iterable[str], workspace: Path, skip: tuple[str, ...]) -> 
             shutil.copy2(src, target, follow_symlinks=False)
 
 
+def _hidden(settings: Settings) -> tuple[str, ...]:
+    """What a task's kernel may not even read: every task's workspace and status file but
+    its own workspace (granted to it beneath), the records, and Dask's own configuration
+    (a cluster's TLS key lives there)."""
+    dask_config = Path.home() / ".config" / "dask"
+    return tuple(p for p in (settings.workspaces, settings.records,
+                             str(dask_config) if dask_config.exists() else None) if p)
+
+
 def _store_arguments(settings: Settings) -> dict[str, Any]:
     """The ledger and blob store arguments, passed only when the batch was given them."""
     out: dict[str, Any] = {}
@@ -542,7 +581,7 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
     t0 = time.monotonic()
     pool, worker = _worker_pool()
     folder = Path(settings.workspaces) / task.name
-    attempt, workspace, finished, abandoned = _claim(folder, settings.batch)
+    attempt, workspace, finished, abandoned = _claim(folder, settings.batch, settings.secret)
     if finished is not None:
         return finished  # the result was lost with its worker, not the session
     status = folder / f"attempt-{attempt}.json"
@@ -576,8 +615,9 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
     summary = _replace(summary, seconds=round(time.monotonic() - t0, 3))
     if summary.record is None and settings.ledger is not None:
         summary = _replace(summary, record=_redact(settings.ledger))
-    _write_json(status, {"state": "finished", "batch": settings.batch,
-                         "summary": summary.to_dict()})
+    body = summary.to_dict()
+    _write_json(status, {"state": "finished", "batch": settings.batch, "summary": body,
+                         "mac": _signature(settings.secret, body) if settings.secret else None})
     return summary
 
 
@@ -599,7 +639,7 @@ def _run_notebook(task: Task, workspace: Path, record: str | None, settings: Set
     cells = [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
     host = Host(workspace, mode=task.mode, record_dir=record, front="batch", pool=pool,
-                **_store_arguments(settings))
+                hide_paths=_hidden(settings), **_store_arguments(settings))
     started(host.session_id)
     failed: tuple[int, str] | None = None
     with host:
@@ -634,8 +674,8 @@ def _session_artifacts(host: Any) -> tuple[ArtifactBrief, ...]:
     loop reads them), before the Host closes it."""
     if host.ledger is None:
         return ()
-    rows = host.ledger.query("SELECT artifact_id, filename, sha256, size FROM artifacts "
-                             "WHERE session = ? ORDER BY seq", (host.session_id,))
+    rows = host.own_rows("SELECT artifact_id, filename, sha256, size FROM artifacts "
+                         "WHERE session = ? ORDER BY seq", (host.session_id,))
     return tuple(ArtifactBrief(str(r["artifact_id"]), str(r["filename"]), str(r["sha256"]),
                                int(r["size"])) for r in rows)
 
@@ -667,7 +707,8 @@ def _run_agent(task: Task, workspace: Path, record: str | None, settings: Settin
                            record_dir=record, pool=pool, spare=False,
                            max_steps=settings.max_steps or DEFAULT_MAX_STEPS,
                            cell_timeout=settings.cell_timeout, on_progress=progress,
-                           on_host=on_host, **_store_arguments(settings))
+                           on_host=on_host, hide_paths=_hidden(settings),
+                           **_store_arguments(settings))
     verdicts = tuple(VerdictBrief(v.submission_id, v.accepted, tuple(v.failed))
                      for v in result.snapshot.verdicts)
     if result.accepted:
@@ -726,15 +767,26 @@ def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs:
     scheduler=client)``."""
     import dask
 
+    # Mutual TLS with certificates made for this cluster and held in memory: a kernel on
+    # this machine can reach the scheduler's and the workers' ports on loopback, and a
+    # Dask client runs any code on the workers, outside every kernel's confinement.
     options: dict[str, Any] = {
         "n_workers": workers, "threads_per_worker": 1, "processes": True,
         "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
-        "silence_logs": logging.CRITICAL, **kwargs}
+        "silence_logs": logging.CRITICAL, "security": _distributed().Security.temporary(),
+        **kwargs}
     # Read when the scheduler starts. A worker is sent only the task it runs (saturation
     # 1.0, one thread): none waits queued on a worker, to be lost with it when it dies.
     with dask.config.set({"distributed.scheduler.allowed-failures": retries,
                           "distributed.scheduler.worker-saturation": 1.0}):
         return _distributed().LocalCluster(**options)
+
+
+def _killed(future: Any) -> bool:
+    """Whether the task's future failed because its worker died (not the task itself)."""
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(future.exception(), KilledWorker)
 
 
 def _never_started(task: Task, workspaces: Path) -> bool:
@@ -827,7 +879,8 @@ def run_batch(
     skip = tuple(str(p) for p in (root, record_root) if p is not None)
     batch = uuid.uuid4().hex[:12]
     settings = Settings(str(root), str(record_root) if record_root else None, ledger,
-                        ledger_key, blobs, llm, cell_timeout, max_steps, skip, batch)
+                        ledger_key, blobs, llm, cell_timeout, max_steps, skip, batch,
+                        os.urandom(32))
     summaries: list[TaskSummary | None] = [None] * len(checked)
     with _client(scheduler, workers, retries, connect_timeout) as client:
         client.register_plugin(_plugin_class()([str(root)]), name=POOL_PLUGIN)
@@ -848,7 +901,8 @@ def run_batch(
                 i = futures[future]
                 if future.status == "finished":
                     summary = future.result()
-                elif _never_started(checked[i], root) and requeued[i] < MAX_REQUEUES:
+                elif _killed(future) and _never_started(checked[i], root) \
+                        and requeued[i] < MAX_REQUEUES:
                     # It was waiting on a worker that died: no attempt was made, so none
                     # is spent (the scheduler counts it as a failure all the same).
                     requeued[i] += 1
