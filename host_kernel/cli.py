@@ -43,8 +43,8 @@ from ._paths import LEDGER_NAME
 from ._version import __version__
 
 __all__ = ["COMMANDS", "Command", "CommandFailed", "UsageError", "add_record_arguments",
-           "all_commands", "build_parser", "main", "record_argument", "resolve_record",
-           "writable_record"]
+           "all_commands", "build_parser", "main", "read_notebook", "record_argument",
+           "resolve_record", "writable_record"]
 
 PROG = "host-kernel"
 
@@ -137,11 +137,13 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"ledger": ledger, "blobs": blobs}
 
 
-def _read_notebook(path: Path) -> Any:
+def read_notebook(path: Path) -> Any:
     """The notebook at ``path``, read and validated; UsageError ``not a notebook: …`` when it
     is not one (not JSON, no ``nbformat`` version, a version nbformat cannot read, or a
     notebook that fails nbformat's schema: a code cell without ``source``, ``cells`` that is
-    not a list)."""
+    not a list), ``no such file``, ``not a file`` or ``cannot read`` for a missing or
+    unreadable path. Public for the commands of other modules (``host-kernel batch``), which
+    check their notebooks as ``exec`` does."""
     import json
 
     import nbformat
@@ -214,7 +216,7 @@ def _exec_options(args: argparse.Namespace, notebook: Path
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError("--timeout must be a positive number of seconds")
     # Every notebook is read and checked before any runs: a bad one is a usage error at once.
-    nb = _read_notebook(notebook)
+    nb = read_notebook(notebook)
     return workdir, nb, writable_record(args.record), mode
 
 

@@ -8,6 +8,7 @@ the CLI tests start their own where they test that.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -323,7 +324,8 @@ def test_a_rerun_of_a_finished_attempt_returns_its_summary_instead_of_a_new_sess
     """The result died with its worker, not the session: the rerun reads the summary the
     finished attempt left beside its workspace."""
     nb = write_notebook(tmp_path / "nbs" / "once.ipynb", 1, submit=False)
-    settings = Settings(str(tmp_path / "ws"), str(tmp_path / "records"))
+    settings = Settings(str(tmp_path / "ws"), str(tmp_path / "records"), batch="b1",
+                        secret=os.urandom(32))
     task = Task("notebook", str(nb), name="once")
     first = run_task(task, settings)
     assert first.accepted and first.attempt == 1, first
@@ -374,13 +376,28 @@ def test_the_command_on_a_local_cluster_prints_a_json_line_per_task_and_exits_0(
             k: v for k, v in line.items() if k != "type"}
 
 
+@contextlib.contextmanager
+def tls_of(client: Client) -> Iterator[None]:
+    """Dask's configuration holding the module cluster's TLS certificates, as a user's
+    ~/.config/dask would hold their cluster's: how `--scheduler tls://…` connects."""
+    import dask
+
+    security = client.cluster.security
+    with dask.config.set({"distributed.comm.require-encryption": True,
+                          "distributed.comm.tls.ca-file": security.tls_ca_file,
+                          "distributed.comm.tls.client.cert": security.tls_client_cert,
+                          "distributed.comm.tls.client.key": security.tls_client_key}):
+        yield
+
+
 def test_a_failing_notebook_makes_the_command_exit_1_and_the_table_names_it(
         client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = write_notebook(tmp_path / "nbs" / "good.ipynb", 1)
     bad = write_notebook(tmp_path / "nbs" / "bad.ipynb", 2, fail=True)
     address = client.scheduler.address
-    code = main(["batch", str(good), str(bad), "--scheduler", address, "--workspaces",
-                 str(tmp_path / "ws")])
+    with tls_of(client):
+        code = main(["batch", str(good), str(bad), "--scheduler", address, "--workspaces",
+                     str(tmp_path / "ws")])
     out, err = capsys.readouterr()
     assert code == 1, out + err
     rows = {line.split()[0]: line for line in out.splitlines() if line.split()[:1] in (
@@ -399,7 +416,7 @@ def test_a_task_file_mixes_notebooks_and_agent_tasks(
                      '{"notebook": "nb.ipynb", "name": "the-notebook"}\n\n'
                      '{"task": "TASK-5: square five", "inputs": ["data.csv"], '
                      '"mode": "analysis-run"}\n')
-    with ScriptedLLMServer([agent_reply] * 4) as server:
+    with ScriptedLLMServer([agent_reply] * 4) as server, tls_of(client):
         code = main(["batch", "--tasks", str(tasks), "--scheduler", client.scheduler.address,
                      "--workspaces", str(tmp_path / "ws"), "--base-url", server.base_url,
                      "--model", "scripted", "--json"])
@@ -465,6 +482,8 @@ def test_bad_input_to_the_command_is_one_error_line_and_starts_nothing(
             (["batch", str(good), "--workers", "0"], 2, "--workers must be at least 1"),
             (["batch", str(good), "--workers", "2", "--scheduler", nobody], 2,
              "--workers sizes the local cluster"),
+            (["batch", str(good), "--retries", "1", "--scheduler", nobody], 2,
+             "distributed.scheduler.allowed-failures decides"),
             (["batch", str(good), "--mode", "nonsense"], 2, "nonsense"),
             (["batch", str(good), "--ledger", "sqlite:///x"], 2, "postgresql:// URL"),
             (["batch", str(good), "--scheduler", nobody, "--connect-timeout", "1",

@@ -22,7 +22,7 @@ from ..cli import (
     Command,
     CommandFailed,
     UsageError,
-    _read_notebook,
+    read_notebook,
     writable_record,
 )
 
@@ -63,7 +63,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                         help="arm a task mode for every task that names none")
     parser.add_argument("--retries", metavar="N", type=int, default=None,
                         help="times a task whose worker died is run again, each time as a "
-                             "new session (default 2)")
+                             "new session (default 2; the local cluster only)")
     parser.add_argument("--timeout", metavar="S", type=float, default=None,
                         help="seconds each cell may run before the Host interrupts it")
     parser.add_argument("--base-url", metavar="URL", default=None,
@@ -106,7 +106,7 @@ def _tasks(args: argparse.Namespace) -> list[Task]:
     tasks: list[Task] = []
     for source in args.sources:
         for path in _notebooks(source):
-            _read_notebook(path)  # no such file, not a notebook: usage errors, as for exec
+            read_notebook(path)  # no such file, not a notebook: usage errors, as for exec
             tasks.append(Task.notebook(path, mode=mode))
     if args.tasks is not None:
         try:
@@ -115,7 +115,7 @@ def _tasks(args: argparse.Namespace) -> list[Task]:
             raise UsageError(f"--tasks: {exc.message}") from None
         for task in listed:
             if task.kind == "notebook":
-                _read_notebook(Path(task.source))
+                read_notebook(Path(task.source))
             tasks.append(task if task.mode is not None or mode is None else
                          Task(task.kind, task.source, task.inputs, mode, task.name))
     if not tasks:
@@ -156,6 +156,9 @@ def _checked_numbers(args: argparse.Namespace) -> None:
     if args.workers is not None and args.scheduler is not None:
         raise UsageError("--workers sizes the local cluster; with --scheduler the cluster's "
                          "own workers run the tasks")
+    if args.retries is not None and args.scheduler is not None:
+        raise UsageError("--retries sets the local cluster's reruns; with --scheduler the "
+                         "cluster's own distributed.scheduler.allowed-failures decides")
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
     if args.retries is not None and args.retries < 0:

@@ -1,0 +1,240 @@
+"""The driver: submitting a batch's tasks to a Dask cluster and accounting for them.
+
+Owns :func:`run_batch` (check the tasks, make the settings, register each worker's pool,
+submit, report each summary as its task finishes, resubmit a task lost before it
+started, account for tasks lost with their workers), :func:`local_cluster` and the
+choice of cluster. Dask is imported here only when a batch runs. It does not own what a
+worker does with a task (:mod:`._worker`) or the command line (:mod:`.commands`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._errors import BatchError, SchedulerUnreachable, TaskInvalid
+from ._summary import BatchResult, TaskSummary
+from ._tasks import Task, _checked
+from ._worker import Settings, _read_json, _redact, run_task
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["DEFAULT_RETRIES", "MAX_REQUEUES", "local_cluster", "run_batch"]
+
+#: Reruns of a task whose worker died, by default.
+DEFAULT_RETRIES = 2
+#: Times a task that died queued on a worker, before it started, is submitted again.
+MAX_REQUEUES = 3
+
+
+def _distributed() -> Any:
+    import distributed  # its functions are untyped
+
+    return distributed
+
+
+@contextlib.contextmanager
+def _client(scheduler: Any, workers: int, retries: int, timeout: float) -> Iterator[Any]:
+    """The client of the cluster to run on: ``scheduler`` itself (a Client, left open), a
+    client of the scheduler at that address, or a LocalCluster of ``workers`` processes
+    made here (closed at the end)."""
+    dist = _distributed()
+    if isinstance(scheduler, dist.Client):
+        yield scheduler
+        return
+    if scheduler is not None:
+        try:
+            client = dist.Client(str(scheduler), timeout=timeout)
+        except TypeError as exc:  # a tls:// address without Dask's TLS configuration
+            raise SchedulerUnreachable(
+                f"the scheduler at {scheduler} speaks TLS, and no client certificate is "
+                f"configured (Dask's distributed.comm.tls.* settings): {exc}") from None
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise SchedulerUnreachable(f"no Dask scheduler answered at {scheduler}: "
+                                       f"{exc}") from None
+        with client:
+            yield client
+        return
+    with local_cluster(workers, retries=retries) as cluster, dist.Client(cluster) as client:
+        yield client
+
+
+def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs: Any) -> Any:
+    """A Dask LocalCluster made as :func:`run_batch` makes its own: ``workers`` processes of
+    one thread each, no dashboard, the scheduler's HTTP endpoint on 127.0.0.1 at a free
+    port (never 0.0.0.0:8787), Dask's logs silenced below CRITICAL (the batch reports
+    what happens itself), each worker sent only the task it runs, and a task whose worker
+    died given to another worker at most ``retries`` times. ``kwargs`` go to LocalCluster
+    (``env=`` for the workers' environment). For several batches on one cluster: ``with
+    local_cluster() as cluster, Client(cluster) as client: run_batch(tasks,
+    scheduler=client)``."""
+    import dask
+
+    # Mutual TLS with certificates made for this cluster and held in memory: a kernel on
+    # this machine can reach the scheduler's and the workers' ports on loopback, and a
+    # Dask client runs any code on the workers, outside every kernel's confinement.
+    options: dict[str, Any] = {
+        "n_workers": workers, "threads_per_worker": 1, "processes": True,
+        "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+        "silence_logs": logging.CRITICAL, "security": _distributed().Security.temporary(),
+        **kwargs}
+    # Read when the scheduler starts. A worker is sent only the task it runs (saturation
+    # 1.0, one thread): none waits queued on a worker, to be lost with it when it dies.
+    with dask.config.set({"distributed.scheduler.allowed-failures": retries,
+                          "distributed.scheduler.worker-saturation": 1.0}):
+        return _distributed().LocalCluster(**options)
+
+
+def _killed(future: Any) -> bool:
+    """Whether the task's future failed because its worker died (not the task itself)."""
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(future.exception(), KilledWorker)
+
+
+def _never_started(task: Task, workspaces: Path) -> bool:
+    """Whether no attempt of ``task`` claimed a workspace (as far as this machine sees)."""
+    return not any((workspaces / task.name).glob("attempt-*"))
+
+
+def _lost(task: Task, exc: BaseException, workspaces: Path) -> TaskSummary:
+    """The summary of a task whose every attempt died with its worker (or that Dask could
+    not run at all)."""
+    from distributed.scheduler import KilledWorker
+
+    folder = workspaces / task.name
+    statuses = sorted(folder.glob("attempt-*.json")) if folder.is_dir() else []
+    sessions = tuple(s["session"] for p in statuses
+                     if isinstance((s := _read_json(p) or {}).get("session"), str))
+    attempt = max(len(statuses), 1)
+    if isinstance(exc, KilledWorker) and not statuses:
+        error = "its worker died before it started (it was queued there)"
+    elif isinstance(exc, KilledWorker):
+        error = f"its worker died in each of {attempt} attempts"
+    else:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+    return TaskSummary(task.name, task.kind, "error", attempt, detail="lost", error=error,
+                       abandoned=sessions)
+
+
+def run_batch(
+    tasks: Iterable[Task],
+    *,
+    scheduler: Client | str | None = None,
+    workers: int = 2,
+    ledger: str | None = None,
+    ledger_key: bytes | None = None,
+    blobs: str | None = None,
+    llm: Any = None,
+    workspaces: str | os.PathLike[str] | None = None,
+    records: str | os.PathLike[str] | None = None,
+    retries: int = DEFAULT_RETRIES,
+    cell_timeout: float | None = None,
+    max_steps: int | None = None,
+    connect_timeout: float = 10.0,
+    on_result: Callable[[TaskSummary], None] | None = None,
+) -> BatchResult:
+    """Run every task as a task of a Dask cluster and return their summaries.
+
+    ``scheduler``: None starts a LocalCluster of ``workers`` processes (one thread each,
+    no dashboard) and closes it at the end; an address (``tcp://host:8786``) or a
+    :class:`distributed.Client` runs on that cluster's workers. ``ledger`` (a
+    ``postgresql://`` URL) puts every session into that PostgreSQL ledger, under
+    ``ledger_key`` (default: read or made once, here, with
+    :func:`host_kernel.store.pg.ledger_key`, and sent to every task); ``blobs`` (an fsspec
+    URL) is where artifacts' bytes are written through. Without them each session's
+    record is a record folder: ``records/<name>/attempt-<n>``, or the workspace's own.
+    ``llm`` (a :class:`~host_kernel.llm.LLMConfig`, needed for agent tasks) is sent to the
+    workers, which make their clients from it (an ``api_key_env`` is read from the
+    worker's environment). ``workspaces`` is the folder the tasks' workspaces are made in
+    (default: a new folder under the temp folder); every worker must see it at the same
+    path. ``retries``: how often a task whose worker died is run again (for the
+    LocalCluster made here; another cluster's scheduler keeps its own
+    ``distributed.scheduler.allowed-failures``). ``cell_timeout`` bounds each cell,
+    ``max_steps`` each agent session. ``on_result`` is called with each summary as its
+    task finishes, in the order they finish.
+
+    Raises TaskInvalid before anything starts when a task cannot run, and
+    SchedulerUnreachable when no scheduler answers at ``scheduler`` within
+    ``connect_timeout`` seconds.
+    """
+    t0 = time.monotonic()
+    checked = _checked(tasks)
+    if any(t.kind == "agent" for t in checked) and llm is None:
+        raise TaskInvalid("agent tasks need llm= (an LLMConfig: base URL, model, key)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise BatchError("workers must be a positive number of processes")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise BatchError("retries must be 0 or more")
+    if ledger is not None and ledger_key is None:
+        from ..store.pg import ledger_key as read_key
+
+        ledger_key = read_key(ledger)
+    root = Path(os.path.realpath(workspaces if workspaces is not None
+                                 else tempfile.mkdtemp(prefix="hk-batch-")))
+    root.mkdir(parents=True, exist_ok=True)
+    taken = [t.name for t in checked if (root / t.name).exists()]
+    if taken:
+        raise TaskInvalid(f"{root} holds workspaces of an earlier batch already (task "
+                          f"{taken[0]}{' and others' if len(taken) > 1 else ''}); give a "
+                          f"new folder")
+    record_root = Path(os.path.realpath(records)) if records is not None else None
+    skip = tuple(str(p) for p in (root, record_root) if p is not None)
+    batch = uuid.uuid4().hex[:12]
+    settings = Settings(str(root), str(record_root) if record_root else None, ledger,
+                        ledger_key, blobs, llm, cell_timeout, max_steps, skip, batch,
+                        os.urandom(32))
+    summaries: list[TaskSummary | None] = [None] * len(checked)
+    with _client(scheduler, workers, retries, connect_timeout) as client:
+        from ._plugin import PoolPlugin, plugin_name
+
+        # Named for this batch: another batch on the cluster keeps its own pools.
+        plugin = PoolPlugin([str(root)], name=plugin_name(batch))
+        client.register_plugin(plugin, name=plugin.name)
+        futures: dict[Any, int] = {}
+        requeued = [0] * len(checked)
+        count = len(client.scheduler_info().get("workers", {}))
+
+        def submit(i: int) -> Any:
+            task = checked[i]
+            future = client.submit(run_task, task, settings, pure=False,
+                                   key=f"host-kernel-{batch}-{i}.{requeued[i]}-{task.name}")
+            futures[future] = i
+            return future
+
+        try:
+            pending = _distributed().as_completed([submit(i) for i in range(len(checked))])
+            for future in pending:
+                i = futures[future]
+                if future.status == "finished":
+                    summary = future.result()
+                elif _killed(future) and _never_started(checked[i], root) \
+                        and requeued[i] < MAX_REQUEUES:
+                    # It was waiting on a worker that died: no attempt was made, so none
+                    # is spent (the scheduler counts it as a failure all the same).
+                    requeued[i] += 1
+                    pending.add(submit(i))
+                    future.release()
+                    continue
+                else:
+                    summary = _lost(checked[i], future.exception() or RuntimeError(
+                        future.status), root)
+                future.release()
+                summaries[i] = summary
+                if on_result is not None:
+                    on_result(summary)
+        finally:
+            client.cancel([f for f, i in futures.items() if summaries[i] is None])
+            with contextlib.suppress(Exception):  # a closing cluster may not answer
+                client.unregister_worker_plugin(plugin.name)
+    done = tuple(s for s in summaries if s is not None)
+    return BatchResult(done, time.monotonic() - t0, count, str(root),
+                       _redact(ledger) if ledger else None)
