@@ -16,22 +16,26 @@ other and a reader checks one session without reading the others:
   hold the key; sessions interleave freely.
 - The projection tables are those of the SQLite ledger, filled by the same
   :func:`~host_kernel.store.ledger.project` in the append's transaction.
-- ``ledger_meta`` keeps a check value of the record key (an HMAC of a constant), so a
-  writer holding another key is refused before it writes anything.
+- ``ledger_meta`` keeps the ledger's id (random, made with the schema) and a check
+  value of the record key (an HMAC of a constant), so a writer holding another key is
+  refused before it writes anything.
 
 The record key does not live in the database (whoever can write the database must not
-be able to forge MACs). :func:`ledger_key` finds it: the ``HOST_KERNEL_LEDGER_KEY``
-file, else ``$XDG_CONFIG_HOME/host_kernel/ledger-keys/<server-and-database>.key``,
-created (0600) by the first writer. A batch driver reads it once and hands the bytes
-to its workers.
+be able to forge MACs). :func:`key_path` finds it: the ``HOST_KERNEL_LEDGER_KEY``
+file, else ``$XDG_CONFIG_HOME/host_kernel/ledger-keys/<ledger id>.key``, made (0600,
+written whole, then linked into place) by the first writer. A batch driver reads it
+once (:func:`ledger_key`) and hands the bytes to its workers.
 
 A Host holds a PostgreSQL advisory lock on its session for as long as its connection
 lives (:meth:`PostgresLedger.claim`); the server drops the lock when the Host's process
 dies, so another Host can tell a session whose Host is gone from one that still runs
 (:meth:`PostgresLedger.try_claim`) on any machine, and close it.
 
-Readers use :meth:`PostgresLedger.open_readonly` (a read-only transaction per query,
-never a write) and the same checks and rebuild as for SQLite, per session.
+Readers use :meth:`PostgresLedger.open_readonly` (never a write; a view or any other
+relation standing in for a ledger table is refused) and the same checks and rebuild
+as for SQLite, per session, inside one read-only snapshot
+(:meth:`PostgresLedger.snapshot`); the replay checks each row it folds
+(:func:`replay_problems`), so what was checked is what is shown.
 PostgreSQL ``text`` cannot hold the character U+0000: a projection column stores
 U+FFFD in its place, the event itself keeps it (JSON escapes it), and the comparison
 of stored and rebuilt projections allows for exactly that.
