@@ -1435,9 +1435,10 @@ class Host:
         if self._reproducer is None:
             assert self._runtime_dir is not None and self._private_dir is not None
             assert self.blobs is not None
+            # The tests re-run are the agent's code: kept from all the kernel is kept from.
             hidden: list[str | os.PathLike[str]] = [
                 self.record_dir, self.workdir, self._private_dir / "tmp",
-                *_llm_key_file(self.llm)]
+                *_llm_key_file(self.llm), *self._ledger_secrets(), *self.hide_paths]
             self._reproducer = Reproducer(
                 self.blobs, hidden=hidden, overlay=self._private_dir / PRIVATE_DIRS["PIP_TARGET"],
                 limits=self.reproduce_limits, confine=self._policy is not None,
