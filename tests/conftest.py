@@ -10,31 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _helpers import descendants
 from _pipeline import build_package
 
 from host_kernel import Host
-
-
-def _children(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (Linux /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents[int(entry)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
 
 # A shell that starts the suite in the background without job control (nohup …  &, some
 # CI runners) hands it SIGINT ignored, and Python then installs no KeyboardInterrupt
@@ -57,7 +36,7 @@ def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def no_stray_kernels() -> Iterator[None]:
     """Every kernel, command and socket folder the suite starts is gone at its end."""
-    before = _children(os.getpid())
+    before = descendants(os.getpid())
     # Hosts make their socket folders with tempfile; give this run a folder of its own.
     own_tmp = tempfile.mkdtemp(prefix="hkt-")
     saved = tempfile.tempdir
@@ -76,7 +55,7 @@ def no_stray_kernels() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    leftover = _children(os.getpid()) - before
+    leftover = descendants(os.getpid()) - before
     runtime_after = [*Path(own_tmp).glob("hk-*"), *Path(own_tmp).glob("hks-*")]
     shutil.rmtree(own_tmp, ignore_errors=True)
     assert not leftover, f"processes left running by the suite: {sorted(leftover)}"

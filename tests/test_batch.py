@@ -27,6 +27,7 @@ from typing import Any
 import nbformat
 import pytest
 from _agent import fence, finalize, text
+from _helpers import descendants
 from distributed import Client
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from scripted_llm import RecordedRequest, ScriptedLLMServer
@@ -97,26 +98,6 @@ def agent_reply(request: RecordedRequest) -> dict[str, Any]:
 
 def llm_config(server: ScriptedLLMServer) -> LLMConfig:
     return LLMConfig(server.base_url, "scripted", timeout=30.0, max_retries=2, backoff=0.001)
-
-
-def descendants() -> set[int]:
-    """Live descendants of this process."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {os.getpid()}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def working_in(folder: Path) -> list[int]:
@@ -471,7 +452,7 @@ def test_bad_input_to_the_command_is_one_error_line_and_starts_nothing(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         nobody = f"tcp://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening
-        before = descendants()
+        before = descendants(os.getpid())
         cases = [
             (["batch", str(tmp_path / "absent.ipynb")], 2, "no such file"),
             (["batch", str(tmp_path / "empty")], 2, "no notebooks (*.ipynb) in"),
@@ -498,7 +479,7 @@ def test_bad_input_to_the_command_is_one_error_line_and_starts_nothing(
             assert err.startswith("host-kernel batch: error: ") or err.startswith("usage:"), err
             assert says in err, (argv, err)
             assert out == ""
-        assert descendants() - before == set()
+        assert descendants(os.getpid()) - before == set()
     assert not (tmp_path / "ws").exists() or not any((tmp_path / "ws").iterdir())
 
 

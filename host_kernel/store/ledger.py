@@ -389,11 +389,19 @@ def load_record_key(record_dir: str | Path) -> bytes:
     Raises RecordRefused: ``record_key_missing`` when there is none (or it cannot
     be read), ``record_key_invalid`` when it is not 32 bytes.
     """
-    path = Path(record_dir) / KEY_NAME
+    return read_key_file(Path(record_dir) / KEY_NAME, f"no {KEY_NAME} in {record_dir}")
+
+
+def read_key_file(path: Path, missing: str) -> bytes:
+    """The 32 bytes of the key file ``path``, opened without following a symlink.
+
+    Raises RecordRefused: ``record_key_missing`` (``missing`` when there is no file, or
+    it cannot be read), ``record_key_invalid`` (not 32 bytes).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise RecordRefused(f"no {KEY_NAME} in {record_dir}", code="record_key_missing") from None
+        raise RecordRefused(missing, code="record_key_missing") from None
     except OSError as exc:
         raise RecordRefused(f"cannot read {path}: {exc.strerror or exc}",
                             code="record_key_missing") from None

@@ -75,6 +75,7 @@ from .ledger import (
     event_mac,
     project,
     read_events,
+    read_key_file,
 )
 
 __all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "is_postgres_url", "key_path", "keys_folder",
@@ -229,22 +230,8 @@ def _make_key(path: Path) -> None:
 def read_key(path: Path) -> bytes:
     """The record key in ``path``. Raises RecordRefused: ``record_key_missing`` (no file,
     or unreadable), ``record_key_invalid`` (not 32 bytes)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise RecordRefused(f"no record key: {path} does not exist (set {KEY_ENV} to the key "
-                            f"file the ledger's writers use)", code="record_key_missing") from None
-    except OSError as exc:
-        raise RecordRefused(f"cannot read the ledger key {path}: {exc.strerror or exc}",
-                            code="record_key_missing") from None
-    try:
-        key = os.read(fd, KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(key) != KEY_BYTES:
-        raise RecordRefused(f"{path} holds {len(key)} bytes, not {KEY_BYTES}",
-                            code="record_key_invalid")
-    return key
+    return read_key_file(path, f"no record key: {path} does not exist (set {KEY_ENV} to "
+                               f"the key file the ledger's writers use)")
 
 
 def ledger_key(url: str, *, create: bool = True) -> bytes:
