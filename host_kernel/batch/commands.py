@@ -22,7 +22,9 @@ from ..cli import (
     Command,
     CommandFailed,
     UsageError,
+    add_store_arguments,
     read_notebook,
+    store_options,
     writable_record,
 )
 
@@ -53,12 +55,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--records", metavar="DIR", default=None,
                         help="record folders, DIR/NAME/attempt-N (default: each workspace's "
                              "own, under $XDG_STATE_HOME/host_kernel/records/)")
-    parser.add_argument("--ledger", metavar="URL", default=None,
-                        help="put every session into the PostgreSQL ledger at URL "
-                             "(postgresql://user@host:port/db)")
-    parser.add_argument("--blobs", metavar="URL", default=None,
-                        help="write artifacts' bytes through to this fsspec URL "
-                             "(s3://bucket/prefix, file:///shared/path)")
+    add_store_arguments(parser)
     parser.add_argument("--mode", metavar="M", default=None,
                         help="arm a task mode for every task that names none")
     parser.add_argument("--retries", metavar="N", type=int, default=None,
@@ -169,9 +166,7 @@ def _checked_numbers(args: argparse.Namespace) -> None:
         raise UsageError("--max-steps must be at least 1")
     if not args.connect_timeout > 0:
         raise UsageError("--connect-timeout must be a positive number of seconds")
-    if args.ledger is not None and not args.ledger.lower().startswith(("postgresql://",
-                                                                       "postgres://")):
-        raise UsageError("--ledger must be a postgresql:// URL")
+    store_options(args)  # a --ledger that is no postgresql:// URL is a usage error
 
 
 def _line(done: int, total: int, s: TaskSummary) -> str:
@@ -290,8 +285,8 @@ def _run(args: argparse.Namespace) -> int:
     progress = _Progress(len(tasks), args.json, out)
     try:
         result = run_batch(
-            tasks, scheduler=args.scheduler, workers=args.workers or 2, ledger=args.ledger,
-            blobs=args.blobs, llm=llm, workspaces=workspaces, records=records,
+            tasks, scheduler=args.scheduler, workers=args.workers or 2, **store_options(args),
+            llm=llm, workspaces=workspaces, records=records,
             retries=2 if args.retries is None else args.retries, cell_timeout=args.timeout,
             max_steps=args.max_steps, connect_timeout=args.connect_timeout,
             on_result=progress)
