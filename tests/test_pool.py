@@ -20,12 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _helpers import descendants
 
 from host_kernel import BadArguments, Host, HostPool
 from host_kernel._procs import pid_alive
 from host_kernel.sandbox.landlock import abi_version
-
-from conftest import _children
 
 needs_landlock = pytest.mark.skipif(
     abi_version() < 1, reason="LOUD SKIP: Landlock is not available on this kernel, so a "
@@ -256,19 +255,19 @@ def test_bad_pool_arguments_are_refused(tmp_path: Path) -> None:
 
 
 def test_closing_a_pool_ends_every_standby_but_not_the_sessions_it_served(roots: Path) -> None:
-    before = _children(os.getpid())
+    before = descendants(os.getpid())
     pool = HostPool(size=1, roots=[roots]).start()
     try:
         assert pool.wait_ready(90), pool.broken
         host = Host(roots / "a", pool=pool).start()
         try:
             assert pool.wait_ready(90)
-            standby_tree = _children(os.getpid()) - before
+            standby_tree = descendants(os.getpid()) - before
             folders = [standby.folder for standby in pool._idle]
             assert folders and all(folder.is_dir() for folder in folders)
             pool.close()
             host.execute("x = 1")
-            kept = _children(os.getpid()) - before
+            kept = descendants(os.getpid()) - before
             assert host.kernel_pid in kept
             assert host.execute("print(x + 1)").text.strip().endswith("2")
         finally:
@@ -276,7 +275,7 @@ def test_closing_a_pool_ends_every_standby_but_not_the_sessions_it_served(roots:
     finally:
         pool.close()
     _gone(standby_tree)
-    assert not (_children(os.getpid()) - before)
+    assert not (descendants(os.getpid()) - before)
     assert not any(folder.exists() for folder in folders)
 
 
@@ -302,7 +301,7 @@ def test_a_pools_kernels_end_when_its_process_is_killed(tmp_path: Path) -> None:
         assert len(pids) == 2, line
         tree = set(pids)
         for pid in pids:
-            tree |= _children(pid)
+            tree |= descendants(pid)
     finally:
         proc.kill()
         proc.wait()
@@ -361,9 +360,9 @@ def test_a_kernel_death_is_recovered_on_the_spare(workdir: Path) -> None:
 
 
 def test_closing_a_host_ends_its_spare(workdir: Path) -> None:
-    before = _children(os.getpid())
+    before = descendants(os.getpid())
     with Host(workdir, spare=True) as host:
         _until(lambda: host._spare_kernel is not None, 90)
-        tree = _children(os.getpid()) - before
+        tree = descendants(os.getpid()) - before
         assert len(tree) >= 2
     _gone(tree)
