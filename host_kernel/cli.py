@@ -133,7 +133,7 @@ def store_options(args: argparse.Namespace) -> dict[str, Any]:
     if ledger is not None and not is_postgres_url(ledger):
         raise UsageError(f"--ledger takes a postgresql:// URL, not {ledger!r}")
     if blobs is not None and "://" not in blobs:
-        blobs = Path(blobs).resolve().as_uri()  # a plain path: a shared file system
+        blobs = str(Path(blobs).resolve())  # a plain path: a shared file system
     return {"ledger": ledger, "blobs": blobs}
 
 

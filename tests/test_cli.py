@@ -303,3 +303,28 @@ def test_quickstart_notebook_is_a_valid_v4_5_notebook_with_cell_ids() -> None:
     assert (nb.nbformat, nb.nbformat_minor) == (4, 5)
     assert [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("id") for c in nb.cells)
+
+
+def test_exec_blobs_takes_a_plain_path_and_refuses_a_store_it_cannot_use(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "nb.ipynb", new_code_cell(
+        "open('r.txt', 'w').write('kept')\nprint(host.save_artifact('r.txt').sha256)"))
+    work = tmp_path / "work"
+    work.mkdir()
+    # A relative plain path: a folder (a shared file system's), resolved where exec runs.
+    proc = run_cli("exec", nb, "--workdir", work, "--blobs", "shared blobs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sha = re.search(r"^([0-9a-f]{64})$", proc.stdout, re.M)
+    assert sha is not None, proc.stdout
+    from host_kernel.store.fsblobs import FsspecBlobStore
+
+    assert FsspecBlobStore(str(tmp_path / "shared blobs")).read(sha[1]) == b"kept"
+
+    for blobs, says in (("glob*", "cannot contain *, ? or ["),
+                        ("nosuchproto://x/y", "Protocol not known"),
+                        ("memory://", "names no folder or bucket")):
+        proc = run_cli("exec", nb, "--workdir", work, "--blobs", blobs, cwd=tmp_path)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        [line] = proc.stderr.strip().splitlines()
+        assert line.startswith("host-kernel exec: error: the Host could not start: "
+                               "[bad_arguments] blobs: ") and says in line, line
+    assert not list(tmp_path.glob("glob*"))

@@ -6,6 +6,8 @@ audits both from elsewhere.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from _s3 import BUCKET
 
 from host_kernel import Host
 from host_kernel.audit import audit_ledger
+from host_kernel.sandbox.landlock import abi_version
+from host_kernel.store.fsblobs import FsspecBlobStore
 
 
 @pytest.fixture
@@ -53,8 +57,6 @@ def test_artifacts_reach_the_bucket_and_audit_checks_them_there(
     assert started["blobs"] == blobs and started["ledger"].startswith("postgresql://")
 
     # The reviewer has the database and the bucket, not the worker's record folder.
-    import shutil
-
     shutil.rmtree(record)
     report = audit_ledger(ledger)
     assert report.clean, [str(f) for f in report.findings]
@@ -88,3 +90,32 @@ def test_audit_ledger_selects_sessions_and_says_what_it_cannot_find(
     missing = audit_ledger(pg_url, sessions=["no-such-session"])
     assert not missing.clean and missing.findings[0].code == "record_missing"
     assert audit_ledger(pg_url, since=2e9).findings[0].code == "ledger_empty"
+
+
+@pytest.mark.skipif(abi_version() < 1, reason="LOUD SKIP: Landlock is not available on this "
+                    "kernel, so the kernel cannot be kept from the blob store's folder")
+def test_a_blob_store_on_a_shared_folder_is_hidden_from_the_kernel() -> None:
+    # Outside /tmp, which every confined kernel is kept from anyway and would mask this.
+    base = Path(tempfile.mkdtemp(prefix="hk-shared-", dir=Path.home()))
+    try:
+        shared = base / "blobs"
+        ws = base / "ws"
+        ws.mkdir()
+        # Another task's artifact, already in the shared store.
+        theirs = FsspecBlobStore(f"file://{shared}").put_bytes(b"another task's result")
+        with Host(ws, blobs=f"file://{shared}", require_confinement=True) as h:
+            obs = h.execute(
+                "open('r.txt', 'w').write('mine')\na = host.save_artifact('r.txt')\n"
+                f"for p in ({str(shared)!r}, {str(shared / 'blobs' / 'sha256')!r}):\n"
+                "    try:\n        print(sorted(__import__('os').listdir(p)))\n"
+                "    except OSError as e:\n        print('refused', e.errno)\n"
+                f"try:\n    print(open({FsspecBlobStore(f'file://{shared}').key(theirs.sha256)!r})"
+                ".read())\nexcept OSError as e:\n    print('refused', e.errno)\n"
+                "print(a.sha256)")
+            assert obs.status == "ok", obs.text
+            *tries, mine = obs.text.strip().split("\n")
+        assert all(t.startswith("refused") for t in tries), tries
+        # The Host itself still writes there.
+        assert FsspecBlobStore(f"file://{shared}").read(mine) == b"mine"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

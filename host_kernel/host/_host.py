@@ -383,7 +383,10 @@ class Host:
                 return ledger, FileBlobStore(self.record_dir)
             from ..store.fsblobs import MirroredBlobStore
 
-            return ledger, MirroredBlobStore(self.record_dir, self.blobs_url)
+            try:
+                return ledger, MirroredBlobStore(self.record_dir, self.blobs_url)
+            except ValueError as exc:  # a URL fsspec cannot use, a path it would glob
+                raise BadArguments(f"blobs: {exc}") from None
         except BaseException:
             ledger.close()
             raise
@@ -400,7 +403,7 @@ class Host:
     def _ledger_secrets(self) -> list[str]:
         """Files the kernel must not read because they open the record's stores: a
         PostgreSQL ledger's record key and libpq's password and service files; an object
-        store's credentials."""
+        store's credentials, or the store's folder when it is on a local file system."""
         home = Path.home()
         # Every PostgreSQL ledger's key, whatever this session writes to: a kernel that
         # read one could forge events any database writer could then insert. The folder
@@ -415,6 +418,11 @@ class Host:
             found += [Path(os.environ[n]) for n in ("PGPASSFILE", "PGSERVICEFILE")
                       if os.environ.get(n)]
         if self.blobs_url is not None:
+            # A blob store on a local or shared file system: it holds other sessions'
+            # artifacts (every task of a batch writes there).
+            remote = getattr(self.blobs, "remote", None)
+            if remote is not None and remote.local:
+                found.append(Path(remote.root))
             found += [home / ".aws", home / ".config" / "gcloud", home / ".azure"]
             found += [Path(os.environ[n]) for n in ("AWS_SHARED_CREDENTIALS_FILE",
                                                     "AWS_CONFIG_FILE",
