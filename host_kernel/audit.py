@@ -493,13 +493,19 @@ def _check_heads(ledger: Any, report: AuditReport, expected: dict[str, str]) -> 
 
 
 def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
-                     report: AuditReport) -> list[str] | None:
-    """The sessions to audit (None: all of them); a name that matches none is a finding."""
+                     report: AuditReport, key: bytes | None) -> list[str] | None:
+    """The sessions to audit (None: all of them); a name that matches none is a finding.
+
+    A session's start is read from its first event only when that event holds together
+    (and, with ``key``, carries a valid MAC): a session whose start cannot be trusted (its
+    first event edited, removed) is audited whatever ``since`` says, so that no one can
+    move a session out of an audit by its time."""
+    from .store.pg import session_starts
+
     if names is None and since is None:
         return None
-    everyone = [(r["session"], r["ts"]) for r in ledger.query(
-        "SELECT session, ts FROM events WHERE n = 1 ORDER BY seq")]
-    chosen = [s for s, ts in everyone if since is None or ts >= since]
+    everyone = session_starts(ledger, key)
+    chosen = [s for s, ts in everyone if since is None or ts is None or ts >= since]
     if names is not None:
         picked: list[str] = []
         for name in names:
@@ -518,14 +524,22 @@ def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
 def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
                   since: float | None, key: bytes | None, without_key: bool,
                   blobs_url: str | None, strict: bool, progress: Progress) -> None:
-    from .store.pg import key_path, read_key
+    from .store.pg import check_key, key_path, read_key, session_mac_problems
 
     where = report.record
     if not ledger.has_table("events"):
         report.findings.append(Finding("ledger_empty", where, "the database holds no ledger "
                                                               "(no events table)"))
         return
-    chosen = _select_sessions(ledger, names, since, report)
+    missing_key: RecordRefused | None = None
+    if key is None:
+        try:
+            key = read_key(key_path(ledger.ledger_id()))
+        except RecordRefused as exc:  # missing, unreadable: fatal unless without_key
+            missing_key = exc
+    if key is not None:
+        check_key(ledger, key)
+    chosen = _select_sessions(ledger, names, since, report, key)
     if chosen is not None and not chosen:
         if not report.findings:
             report.findings.append(Finding("ledger_empty", where, "no session matches"))
@@ -540,22 +554,19 @@ def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
         report.findings.append(Finding("ledger_empty", where, "the ledger holds no events; an "
                                                               "empty record is no evidence"))
         return
-    if key is None:
-        try:
-            key = read_key(key_path(ledger.ledger_id()))
-        except RecordRefused as exc:
-            if not without_key:
-                raise
-            report.findings.append(Finding("macs_unchecked", where, f"{exc.message}; the "
-                                           f"events' MACs were not checked, only their chains",
-                                           fatal=False))
+    if missing_key is not None:
+        if not without_key:
+            raise missing_key
+        report.findings.append(Finding("macs_unchecked", where, f"{missing_key.message}; the "
+                                       f"events' MACs were not checked, only their chains",
+                                       fatal=False))
     progress("chain", 0, report.events)
     for one in [None] if chosen is None else chosen:
         for problem in check_chain(ledger, one):
             report.findings.append(Finding("chain_broken", f"event {problem.seq}",
                                            problem.problem))
         if key is not None:
-            for problem in check_macs(ledger, key, one):
+            for problem in session_mac_problems(ledger, key, one):
                 report.findings.append(Finding("event_unauthenticated",
                                                f"event {problem.seq}", problem.problem))
     progress("chain", report.events, report.events)

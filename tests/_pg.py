@@ -122,3 +122,17 @@ class PgServer:
         name = url.rsplit("/", 1)[1]
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def direct_sql(url: str, statement: str,
+               params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """SQL run on a ledger's database directly (``?`` placeholders, in the ledger's
+    schema), as a writer who holds no record key would; the rows it returns."""
+    import psycopg
+
+    from host_kernel.store.pg import PG_SCHEMA, _pg_sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {PG_SCHEMA}")
+        cur = conn.execute(_pg_sql(statement), params)
+        return cur.fetchall() if cur.description else []

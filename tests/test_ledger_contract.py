@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from _helpers import wait_for
+from _pg import direct_sql
 
 from host_kernel import Host
 from host_kernel.audit import AuditReport, audit, audit_ledger
@@ -39,7 +40,7 @@ from host_kernel.store.ledger import (
     event_hash,
     rebuild,
 )
-from host_kernel.store.pg import PG_SCHEMA, PostgresLedger, _pg_sql, ledger_key
+from host_kernel.store.pg import PG_SCHEMA, PostgresLedger, ledger_key
 from host_kernel.store.verified import open_verified, open_verified_ledger, projection_drift
 
 
@@ -81,12 +82,7 @@ class Backend:
                 return rows
             finally:
                 conn.close()
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as pg:
-            pg.execute(f"SET search_path = {PG_SCHEMA}")
-            cur = pg.execute(_pg_sql(statement), params)
-            return cur.fetchall() if cur.description else []
+        return direct_sql(self.url, statement, params)
 
     def verified(self, session: str) -> SQLiteLedger:
         if self.url is None:
@@ -471,13 +467,6 @@ def test_pg_a_table_planted_on_the_search_path_is_never_read(pg_url: str, tmp_pa
 # PostgreSQL ledger by someone who can write the database but holds no record key, or by
 # the kernel itself.
 
-def _pg(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"SET search_path = {PG_SCHEMA}")
-        cur = conn.execute(_pg_sql(statement), params)
-        return cur.fetchall() if cur.description else []
 
 
 @pytest.fixture
@@ -493,8 +482,8 @@ def test_pg_a_view_in_place_of_the_events_table_is_refused(pg_backend: Backend) 
     with pg_backend.host() as h:
         h.execute("x = 1")
         session = h.session_id
-    _pg(pg_backend.url or "", "ALTER TABLE events RENAME TO events_real")
-    _pg(pg_backend.url or "", "CREATE VIEW events AS SELECT * FROM events_real")
+    direct_sql(pg_backend.url or "", "ALTER TABLE events RENAME TO events_real")
+    direct_sql(pg_backend.url or "", "CREATE VIEW events AS SELECT * FROM events_real")
     with pytest.raises(RecordRefused) as refused:
         pg_backend.verified(session)
     assert refused.value.code == "record_unreadable" and "not a plain table" in str(refused.value)
@@ -527,10 +516,10 @@ def test_pg_swapped_seqs_within_a_session_are_found(pg_url: str) -> None:
     with PostgresLedger(pg_url) as ledger:
         for n in range(3):
             ledger.append("s", "note", {"n": n})
-    first, last = (r[0] for r in _pg(pg_url, "SELECT seq FROM events ORDER BY seq")[::2])
-    _pg(pg_url, "UPDATE events SET seq = -1 WHERE seq = ?", (first,))
-    _pg(pg_url, "UPDATE events SET seq = ? WHERE seq = ?", (first, last))
-    _pg(pg_url, "UPDATE events SET seq = ? WHERE seq = -1", (last,))
+    first, last = (r[0] for r in direct_sql(pg_url, "SELECT seq FROM events ORDER BY seq")[::2])
+    direct_sql(pg_url, "UPDATE events SET seq = -1 WHERE seq = ?", (first,))
+    direct_sql(pg_url, "UPDATE events SET seq = ? WHERE seq = ?", (first, last))
+    direct_sql(pg_url, "UPDATE events SET seq = ? WHERE seq = -1", (last,))
     with PostgresLedger.open_readonly(pg_url) as reader:
         assert any("reordered" in p.problem for p in check_chain(reader))
     assert not audit_ledger(pg_url).clean
@@ -560,12 +549,13 @@ def test_pg_a_host_closes_abandoned_sessions_from_their_checked_events(
         h.execute("x = 1")
         session = h.session_id
     url = pg_backend.url or ""
-    _pg(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
-    _pg(url, "UPDATE cells SET status = 'running' WHERE session = ?", (session,))
-    before = _pg(url, "SELECT count(*) FROM events WHERE session = ?", (session,))[0][0]
+    direct_sql(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
+    direct_sql(url, "UPDATE cells SET status = 'running' WHERE session = ?", (session,))
+    before = direct_sql(url, "SELECT count(*) FROM events WHERE session = ?", (session,))[0][0]
     with pg_backend.host() as h:
         h.execute("y = 1")
-    assert _pg(url, "SELECT count(*) FROM events WHERE session = ?", (session,))[0][0] == before
+    [(after,)] = direct_sql(url, "SELECT count(*) FROM events WHERE session = ?", (session,))
+    assert after == before
 
 
 def test_pg_load_artifact_reads_the_checked_events_not_the_stored_row(
@@ -577,7 +567,7 @@ def test_pg_load_artifact_reads_the_checked_events_not_the_stored_row(
                         "print(a.artifact_id)")
         artifact = obs.text.strip()
         url = pg_backend.url or ""
-        _pg(url, "UPDATE artifacts SET sha256 = (SELECT sha256 FROM artifacts WHERE "
+        direct_sql(url, "UPDATE artifacts SET sha256 = (SELECT sha256 FROM artifacts WHERE "
                  "filename = 'b.txt') WHERE artifact_id = ?", (artifact,))
         obs = h.execute(f"p = host.load_artifact({artifact!r}, path='got.txt')\n"
                         f"print(open('got.txt').read())")
@@ -589,7 +579,7 @@ def test_pg_a_dropped_connection_is_taken_up_again(pg_backend: Backend) -> None:
     url = pg_backend.url or ""
     with pg_backend.host() as h:
         h.execute("x = 1")
-        _pg(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+        direct_sql(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                  "application_name = 'host_kernel' AND pid <> pg_backend_pid()")
         assert h.execute("print(x + 1)").text.strip() == "2"
     assert audit_ledger(url).clean
@@ -603,7 +593,7 @@ def test_pg_a_session_closed_while_its_connection_was_down_is_not_continued(
     first = pg_backend.host().start()
     try:
         first.execute("x = 1")
-        _pg(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+        direct_sql(url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                  "application_name = 'host_kernel' AND pid <> pg_backend_pid()")
         with pg_backend.host() as second:  # finds the session unheld: closes it
             second.execute("y = 1")
@@ -620,7 +610,7 @@ def test_pg_a_session_closed_while_its_connection_was_down_is_not_continued(
 def test_pg_a_server_that_rounds_doubles_does_not_break_the_chain(pg_backend: Backend) -> None:
     url = pg_backend.url or ""
     database = url.rsplit("/", 1)[1]
-    _pg(url, f'ALTER DATABASE "{database}" SET extra_float_digits = 0')
+    direct_sql(url, f'ALTER DATABASE "{database}" SET extra_float_digits = 0')
     with pg_backend.host() as h:
         h.execute("x = 1")
         session = h.session_id
@@ -641,11 +631,11 @@ def test_pg_expect_heads_finds_a_removed_session_tail(
     kept.write_text(json.dumps({"session_id": session, "head": head}) + "\n")
     assert main(["audit", "--ledger", url, "--expect-heads", str(kept)]) == 0
     # A database writer drops the session's last event and moves its head back.
-    n, = _pg(url, "SELECT max(n) FROM events WHERE session = ?", (session,))[0]
-    _pg(url, "DELETE FROM events WHERE session = ? AND n = ?", (session, n))
-    _pg(url, "UPDATE heads SET n = e.n, hash = e.hash, seq = e.seq FROM events e WHERE "
+    n, = direct_sql(url, "SELECT max(n) FROM events WHERE session = ?", (session,))[0]
+    direct_sql(url, "DELETE FROM events WHERE session = ? AND n = ?", (session, n))
+    direct_sql(url, "UPDATE heads SET n = e.n, hash = e.hash, seq = e.seq FROM events e WHERE "
              "heads.session = e.session AND e.n = ? AND heads.session = ?", (n - 1, session))
-    _pg(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
+    direct_sql(url, "UPDATE sessions SET ended = NULL WHERE session = ?", (session,))
     assert audit_ledger(url).clean  # nothing inside the database shows it
     report = audit_ledger(url, expect_heads={session: head})
     assert [f.code for f in report.findings if f.fatal] == ["head_mismatch"]

@@ -208,9 +208,9 @@ def event_mac(key: bytes, digest: str) -> str:
     return hmac.digest(key, digest.encode("utf-8"), "sha256").hex()
 
 
-def _mac_ok(key: bytes, digest: str, mac: object) -> bool:
-    if not isinstance(mac, str):
-        return False
+def _mac_ok(key: bytes, digest: object, mac: object) -> bool:
+    if not isinstance(mac, str) or not isinstance(digest, str):
+        return False  # a column altered to another type holds no MAC of ours
     return hmac.compare_digest(mac.encode("utf-8", "surrogateescape"),
                                event_mac(key, digest).encode("ascii"))
 

@@ -78,8 +78,9 @@ from .ledger import (
     read_key_file,
 )
 
-__all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "is_postgres_url", "key_path", "keys_folder",
-           "ledger_key", "read_key", "redact_url", "replay_problems", "session_chain_problems"]
+__all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "check_key", "is_postgres_url", "key_path",
+           "keys_folder", "ledger_key", "read_key", "redact_url", "replay_problems",
+           "session_chain_problems", "session_mac_problems", "session_starts"]
 
 #: The environment variable naming the record key file of a PostgreSQL ledger.
 KEY_ENV = "HOST_KERNEL_LEDGER_KEY"
@@ -171,8 +172,13 @@ _SECRET_PARAMS = frozenset({"password", "sslpassword", "passfile", "sslkey"})
 
 def redact_url(url: str) -> str:
     """``url`` without its password (in the user part or the query), for messages and
-    records; anything else is left as it was written."""
-    parts = urllib.parse.urlsplit(url)
+    records; anything else is left as it was written. A URL too malformed to take apart
+    (an unclosed ``[``) keeps only its scheme: nothing after it is shown."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.password  # noqa: B018 - parsed here, where a bad one is caught
+    except ValueError:
+        return url.split("://", 1)[0] + "://…"
     out = url
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[-1]
@@ -317,8 +323,30 @@ class _Projector:
         return self._conn.execute(_pg_sql(sql), [_no_nul(p) for p in params])
 
 
+def _url_secrets(url: str) -> list[str]:
+    """The secrets written in ``url`` (its password, and the values of the query's secret
+    parameters), as written and percent-decoded, longest first; found without
+    :func:`urllib.parse.urlsplit`, which refuses some URLs libpq still quotes back."""
+    found: list[str] = []
+    rest = url.split("://", 1)[-1]
+    userinfo = rest.split("/", 1)[0].split("?", 1)[0]
+    if "@" in userinfo and ":" in userinfo.rsplit("@", 1)[0]:
+        found.append(userinfo.rsplit("@", 1)[0].split(":", 1)[1])
+    if "?" in rest:
+        for item in rest.split("?", 1)[1].split("&"):
+            name, _, value = item.partition("=")
+            if name.lower() in _SECRET_PARAMS:
+                found.append(value)
+    found += [urllib.parse.unquote(v) for v in found]
+    return sorted({v for v in found if v}, key=len, reverse=True)
+
+
 def _pg_error(exc: Exception, doing: str, url: str) -> RecordError:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # libpq quotes back the parts of a URL it cannot parse, a password among them.
+    message = message.replace(url, redact_url(url))
+    for secret in _url_secrets(url):
+        message = message.replace(secret, "***")
     return RecordError(f"cannot {doing} (PostgreSQL ledger at {redact_url(url)}): {message}")
 
 
@@ -335,7 +363,7 @@ class PostgresLedger:
     dialect = "postgresql"
 
     def __init__(self, url: str, *, key: bytes | None = None, readonly: bool = False,
-                 connect_timeout: float = 30.0) -> None:
+                 connect_timeout: float = 30.0, lock_timeout: float = 120.0) -> None:
         try:
             import psycopg
         except ImportError:
@@ -358,6 +386,9 @@ class PostgresLedger:
                                 code="record_key_invalid")
         self._key = key
         self._connect_timeout = connect_timeout
+        #: How long a statement waits for a lock (a session's heads row, a table) before
+        #: it fails: anyone who can connect could otherwise hold one and hang the Host.
+        self._lock_timeout = lock_timeout
         self._conn = self._connect()
         try:
             if readonly:
@@ -391,6 +422,7 @@ class PostgresLedger:
             # Every double read back exactly as written (the hash covers ts), whatever the
             # server's or the role's default.
             conn.execute("SET extra_float_digits = 3")
+            conn.execute(f"SET lock_timeout = {max(1, int(self._lock_timeout * 1000))}")
             encoding = _one(conn.execute("SHOW server_encoding"))
             if str(encoding).upper() not in ("UTF8", "UTF-8"):
                 raise RecordRefused(f"the database at {redact_url(self.url)} stores text as "
@@ -531,6 +563,11 @@ class PostgresLedger:
                                  "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
                     row = conn.execute(head, (session,)).fetchone()
                 assert row is not None  # inserted just before, in this transaction
+                if type(row[0]) is not int or type(row[1]) is not str:
+                    raise ForeignEventError(
+                        f"session {session}'s row in heads holds no usable head (the heads "
+                        f"table was altered); nothing was appended",
+                        problems=[ChainProblem(0, "the session's head is unreadable")])
                 # Head(n, hash): the session's last place in its chain, not a seq.
                 tail = None if row[0] == 0 else Head(row[0], row[1])
                 seq = row[2]
@@ -614,7 +651,7 @@ class PostgresLedger:
         for r in self._conn.execute(f"SELECT n, {_EVENT_COLUMNS} FROM events WHERE session = "
                                     f"%s AND n > %s ORDER BY n", (session, known_n)).fetchall():
             problems.extend(_link_problems(r, prev, expected, key, prev_seq))
-            prev, expected, prev_seq = r["hash"], r["n"] + 1, r["seq"]
+            prev, expected, prev_seq = _advance(r, prev, expected, prev_seq)
         if problems:
             raise ForeignEventError(_foreign_message(problems, self._folder()) +
                                     "; nothing was appended", problems=problems)
@@ -717,10 +754,42 @@ def _one(cursor: Any) -> Any:
     return row[0]
 
 
+#: The Python type each column of ``events`` reads back as, as the schema made it.
+_EVENT_TYPES: dict[str, tuple[type, ...]] = {
+    "seq": (int,), "n": (int,), "ts": (float,), "session": (str,), "kind": (str,),
+    "body": (str,), "prev": (str,), "hash": (str,), "mac": (str, type(None))}
+
+
+def _odd_columns(r: Any) -> list[str]:
+    """The columns of an events row that do not hold what the schema makes them hold (a
+    column whose type was changed, or whose NOT NULL was dropped): such a row is never
+    hashed or compared, only reported."""
+    return [c for c, types in _EVENT_TYPES.items()
+            if c in r.keys() and type(r[c]) not in types]
+
+
+def _seq_of(r: Any) -> int:
+    """The row's ``seq`` for a ChainProblem (0 when it is not a number)."""
+    return r["seq"] if type(r["seq"]) is int else 0
+
+
+def _advance(r: Any, prev: str, expected: int, prev_seq: int) -> tuple[str, int, int]:
+    """What the next event of the chain is checked against after ``r``: its hash, its
+    place ``n + 1``, its ``seq`` (what was expected, where ``r`` holds no usable value)."""
+    return (r["hash"] if type(r["hash"]) is str else prev,
+            r["n"] + 1 if type(r["n"]) is int else expected + 1,
+            r["seq"] if type(r["seq"]) is int else prev_seq)
+
+
 def _link_problems(r: Any, prev: str, expected: int, key: bytes | None,
                    prev_seq: int = 0) -> list[ChainProblem]:
     """What is wrong with one event of a session's chain, given the one before it (its
     hash, its place ``n``, its ``seq``)."""
+    odd = _odd_columns(r)
+    if odd:
+        verb = "holds" if len(odd) == 1 else "hold"
+        return [ChainProblem(_seq_of(r), f"its {', '.join(odd)} {verb} no value of the "
+                                         f"column's type (the events table was altered)")]
     problems: list[ChainProblem] = []
     seq, n = r["seq"], r["n"]
     if seq <= prev_seq:  # seq is not hashed; its order within a session is checked here
@@ -760,17 +829,63 @@ def session_chain_problems(ledger: PostgresLedger, session: str | None = None,
         if r["session"] != current:
             current, prev, expected, prev_seq = r["session"], GENESIS, 1, 0
         problems.extend(_link_problems(r, prev, expected, key, prev_seq))
-        prev, expected, prev_seq = r["hash"], r["n"] + 1, r["seq"]
-        last[r["session"]] = (r["n"], r["hash"])
+        prev, expected, prev_seq = _advance(r, prev, expected, prev_seq)
+        if type(r["session"]) is str:  # else reported above: no chain to end
+            last[r["session"]] = (r["n"], r["hash"])
     for h in ledger.query(f"SELECT session, n, hash, seq FROM heads {where}", params):
         if h["n"] == 0:
             continue
         have = last.get(h["session"])
         if have is None or have != (h["n"], h["hash"]):
-            problems.append(ChainProblem(h["seq"], f"session {h['session']}'s chain should end "
+            problems.append(ChainProblem(h["seq"] if type(h["seq"]) is int else 0,
+                                         f"session {h['session']}'s chain should end "
                                                    f"at its event {h['n']}, and it does not "
                                                    f"(events removed or rewritten)"))
     return sorted(problems, key=lambda p: p.seq)
+
+
+def session_mac_problems(ledger: PostgresLedger, key: bytes,
+                         session: str | None = None) -> list[ChainProblem]:
+    """Every event (of ``session``, when given) whose MAC ``key`` does not vouch for, in
+    ``seq`` order; a row whose hash or MAC is not text (the table altered) among them."""
+    where, params = ("WHERE session = ?", (session,)) if session is not None else ("", ())
+    return [ChainProblem(r["seq"] if type(r["seq"]) is int else 0,
+                         "has no MAC (not written by a holder of the record key)"
+                         if r["mac"] is None else "its MAC does not match the record key "
+                                                  "(not written by a holder of the key)")
+            for r in ledger.query(f"SELECT seq, hash, mac FROM events {where} ORDER BY seq",
+                                  params)
+            if type(r["hash"]) is not str or not _mac_ok(key, r["hash"], r["mac"])]
+
+
+def check_key(ledger: PostgresLedger, key: bytes) -> None:
+    """Refuse (``record_key_invalid``) a key that is not the one the ledger's writers
+    checked in (its ``key_check``): one clear refusal rather than every event's MAC
+    failing. A ledger without a check value passes: its MACs are still checked, each."""
+    rows = ledger.query("SELECT value FROM ledger_meta WHERE name = 'key_check'") \
+        if ledger.has_table("ledger_meta") else []
+    if rows and not hmac.compare_digest(str(rows[0][0]), _key_check(key)):
+        raise RecordRefused(f"the record key given is not the key of the ledger at "
+                            f"{redact_url(ledger.url)} (its writers use another one); point "
+                            f"{KEY_ENV} at the ledger's key file", code="record_key_invalid")
+
+
+def session_starts(ledger: PostgresLedger, key: bytes | None) -> list[tuple[str, float | None]]:
+    """Every session of the ledger (with events, or only a ``heads`` row), in the order
+    they started, with the time its first event vouches for: None when that event is
+    missing, was edited, or (with ``key``) carries no valid MAC, so that a selection by
+    time never leaves out a session whose start cannot be trusted."""
+    found: dict[str, tuple[int, float | None]] = {}
+    for r in ledger.query(f"SELECT DISTINCT ON (session) n, {_EVENT_COLUMNS} FROM events "
+                          f"ORDER BY session, n"):
+        if type(r["session"]) is not str:
+            continue  # no session can be named by it; a whole-ledger audit reports it
+        trusted = not _link_problems(r, GENESIS, 1, key)
+        found[r["session"]] = (r["seq"] if trusted else 0, r["ts"] if trusted else None)
+    for h in ledger.query("SELECT session FROM heads WHERE n <> 0"):
+        if type(h["session"]) is str and h["session"] not in found:
+            found[h["session"]] = (0, None)  # its events are gone: its head says it had some
+    return [(s, ts) for s, (_, ts) in sorted(found.items(), key=lambda item: item[1][0])]
 
 
 def replay_problems(rows: Sequence[Any], key: bytes | None) -> None:
@@ -780,7 +895,8 @@ def replay_problems(rows: Sequence[Any], key: bytes | None) -> None:
     so what is replayed is what was checked, row for row."""
     state: dict[str, tuple[str, int, int]] = {}  # session: (prev hash, next n, last seq)
     for r in rows:
-        prev, expected, prev_seq = state.get(r["session"], (GENESIS, 1, 0))
+        session = r["session"] if type(r["session"]) is str else repr(r["session"])
+        prev, expected, prev_seq = state.get(session, (GENESIS, 1, 0))
         problems = _link_problems(r, prev, expected, key, prev_seq)
         if problems:
             forged = [p for p in problems if "MAC" in p.problem]
@@ -788,4 +904,4 @@ def replay_problems(rows: Sequence[Any], key: bytes | None) -> None:
                                 f"({problems[0]}); the record was altered",
                                 code="event_unauthenticated" if forged and len(forged) ==
                                 len(problems) else "chain_broken")
-        state[r["session"]] = (r["hash"], r["n"] + 1, r["seq"])
+        state[session] = _advance(r, prev, expected, prev_seq)

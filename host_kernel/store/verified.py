@@ -237,7 +237,14 @@ def open_verified_ledger(url: str, session: str | None = None, *,
     key is ``record_key_missing``. Refuses with the same codes as :func:`open_verified`;
     ``record_missing`` when ``session`` has no events there.
     """
-    from .pg import PostgresLedger, key_path, read_key, redact_url
+    from .pg import (
+        PostgresLedger,
+        check_key,
+        key_path,
+        read_key,
+        redact_url,
+        session_mac_problems,
+    )
 
     where = f"--ledger {redact_url(url)}"
     with PostgresLedger.open_readonly(url) as stored, stored.snapshot():
@@ -246,6 +253,7 @@ def open_verified_ledger(url: str, session: str | None = None, *,
                                 code="ledger_empty")
         if key is None:
             key = read_key(key_path(stored.ledger_id()))
+        check_key(stored, key)
         if session is not None and not stored.query(
                 "SELECT 1 FROM events WHERE session = ? LIMIT 1", (session,)):
             raise RecordRefused(f"no session {session} in the ledger at {redact_url(url)}",
@@ -254,7 +262,7 @@ def open_verified_ledger(url: str, session: str | None = None, *,
         if problems:
             raise RecordRefused(f"the record's hash chain is broken ({problems[0]}); run "
                                 f"`host-kernel audit {where}`", code="chain_broken")
-        forged = check_macs(stored, key, session)
+        forged = session_mac_problems(stored, key, session)
         if forged:
             raise RecordRefused(f"the record holds events no holder of its key wrote "
                                 f"({forged[0]}); run `host-kernel audit {where}`",
