@@ -161,7 +161,7 @@ def test_the_pools_domain_stays_under_the_sessions(roots: Path, tmp_path: Path,
         import host_kernel.host._host as host_module
         monkeypatch.setattr(host_module, "uncovered", lambda broad, narrow: [])
         with Host(outside, pool=pool) as host:
-            assert _warm(host)["used"] is True
+            assert _warm(host)["used"] is True, _warm(host)
             # The refused standby was not given back: its folder held the cold session's
             # private one, which no other session may share.
             warm_tmp = host.execute("import os; print(os.environ['TMPDIR'])").text.strip()
@@ -204,7 +204,7 @@ def test_a_standby_that_died_while_waiting_is_replaced_not_handed_out(pool: Host
     assert pool.stats["replaced"] == 1
     _until(lambda: len(pool.pids()) == 1 and pool.pids()[0] != dead, 90)
     with Host(roots / "b", pool=pool) as host:
-        assert _warm(host)["used"] is True
+        assert _warm(host)["used"] is True, _warm(host)
         assert host.kernel_pid != dead
 
 
@@ -214,7 +214,7 @@ def test_a_pool_refills_and_each_session_gets_its_own_kernel(pool: HostPool,
         first.execute("x = 'first'")
         assert pool.wait_ready(90)
         with Host(roots / "b", pool=pool) as second:
-            assert _warm(second)["used"] is True
+            assert _warm(second)["used"] is True, _warm(second)
             assert first.kernel_pid != second.kernel_pid
             out = second.execute("print(globals().get('x'))")
             assert out.text.strip().endswith("None")
@@ -240,9 +240,22 @@ def test_a_session_that_hides_a_name_the_standby_holds_starts_cold(roots: Path,
             assert out.text.strip().endswith("0")
 
 
+def test_a_pool_told_to_hide_a_name_serves_sessions_that_hide_it(
+        roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_PROJECT_ID", "do-not-show")
+    with HostPool(size=1, roots=[roots], hide_env=("LAB_PROJECT_ID",)) as pool:
+        assert pool.wait_ready(90), pool.broken
+        with Host(roots / "a", pool=pool, hide_env=("LAB_PROJECT_ID",)) as host:
+            assert _warm(host)["used"] is True, _warm(host)
+            out = host.execute("import os; print('LAB_PROJECT_ID' in os.environ)")
+            assert out.text.strip() == "False"
+
+
 def test_bad_pool_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BadArguments):
         HostPool(size=0)
+    with pytest.raises(BadArguments):
+        HostPool(size=1, hide_env="LAB_PROJECT_ID")  # type: ignore[arg-type]
     with pytest.raises(BadArguments):
         HostPool(size=1, roots=[tmp_path / "missing"])
     with pytest.raises(BadArguments):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import BatchError, SchedulerUnreachable, TaskInvalid
 from ._summary import BatchResult, TaskSummary
 from ._tasks import Task, _checked
-from ._worker import Settings, _read_json, _redact, run_task
+from ._worker import MARKER, Settings, _hidden_env, _mark, _read_json, _redact, run_task
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -91,6 +91,37 @@ def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs:
     with dask.config.set({"distributed.scheduler.allowed-failures": retries,
                           "distributed.scheduler.worker-saturation": 1.0}):
         return _distributed().LocalCluster(**options)
+
+
+def _check_roots(tasks: list[Task], root: Path, records: Path | None) -> None:
+    """Refuse, before anything is made, workspaces and records folders a batch cannot use:
+    a file, one folder for both, a task's folder there already, or a folder a task copies
+    whole into its workspace (it would copy the batch's own folders, its record folders or
+    workspaces, into itself)."""
+    for what, folder in (("workspaces", root), ("records", records)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise BatchError(f"the {what} folder {folder} is a file")
+        if folder is not None and os.path.realpath(folder) == os.path.realpath(folder.anchor):
+            # Each task's kernel is kept from the other tasks' folders; not from all of /.
+            raise BatchError(f"the {what} folder cannot be the file system's root")
+    if records == root:
+        raise BatchError(f"the records folder is the workspaces folder {root}: a task's "
+                         f"record would be its own workspace, which its kernel writes")
+    taken = [t.name for t in tasks if (root / t.name).exists()]
+    if taken:
+        raise TaskInvalid(f"{root} holds workspaces of an earlier batch already (task "
+                          f"{taken[0]}{' and others' if len(taken) > 1 else ''}); give a "
+                          f"new folder")
+    roots = {str(root): "workspaces", **({str(records): "records"} if records else {})}
+    for task in tasks:
+        copied = task.inputs or ((str(Path(task.source).resolve().parent),)
+                                 if task.kind == "notebook" else ())
+        for source in copied:
+            role = roots.get(os.path.realpath(source))
+            if role is not None:
+                raise TaskInvalid(f"task {task.name} copies {source} into its workspace, and "
+                                  f"that is the batch's {role} folder; give the batch a "
+                                  f"{role} folder of its own")
 
 
 def _killed(future: Any) -> bool:
@@ -162,9 +193,10 @@ def run_batch(
     ``max_steps`` each agent session. ``on_result`` is called with each summary as its
     task finishes, in the order they finish.
 
-    Raises TaskInvalid before anything starts when a task cannot run, and
-    SchedulerUnreachable when no scheduler answers at ``scheduler`` within
-    ``connect_timeout`` seconds.
+    Raises TaskInvalid before anything starts when a task cannot run (a task that would
+    copy the workspaces or records folder into its workspace too), BatchError when the
+    workspaces folder cannot be made or is the records folder, and SchedulerUnreachable
+    when no scheduler answers at ``scheduler`` within ``connect_timeout`` seconds.
     """
     t0 = time.monotonic()
     checked = _checked(tasks)
@@ -180,24 +212,35 @@ def run_batch(
         ledger_key = read_key(ledger)
     root = Path(os.path.realpath(workspaces if workspaces is not None
                                  else tempfile.mkdtemp(prefix="hk-batch-")))
-    root.mkdir(parents=True, exist_ok=True)
-    taken = [t.name for t in checked if (root / t.name).exists()]
-    if taken:
-        raise TaskInvalid(f"{root} holds workspaces of an earlier batch already (task "
-                          f"{taken[0]}{' and others' if len(taken) > 1 else ''}); give a "
-                          f"new folder")
     record_root = Path(os.path.realpath(records)) if records is not None else None
+    _check_roots(checked, root, record_root)
+    made = workspaces is None or not root.exists()
+    try:
+        _mark(root)
+    except OSError as exc:
+        raise BatchError(f"cannot make the workspaces folder {root}: "
+                         f"{exc.strerror or exc}") from None
     skip = tuple(str(p) for p in (root, record_root) if p is not None)
     batch = uuid.uuid4().hex[:12]
     settings = Settings(str(root), str(record_root) if record_root else None, ledger,
                         ledger_key, blobs, llm, cell_timeout, max_steps, skip, batch,
                         os.urandom(32))
     summaries: list[TaskSummary | None] = [None] * len(checked)
-    with _client(scheduler, workers, retries, connect_timeout) as client:
+    with contextlib.ExitStack() as stack:
+        try:
+            client = stack.enter_context(_client(scheduler, workers, retries,
+                                                 connect_timeout))
+        except BaseException:
+            if made:  # nothing ran: leave no folder behind (the command names one)
+                with contextlib.suppress(OSError):
+                    (root / MARKER).unlink()
+                    root.rmdir()
+            raise
         from ._plugin import PoolPlugin, plugin_name
 
         # Named for this batch: another batch on the cluster keeps its own pools.
-        plugin = PoolPlugin([str(root)], name=plugin_name(batch))
+        plugin = PoolPlugin([str(root)], hide_env=_hidden_env(settings),
+                            name=plugin_name(batch))
         client.register_plugin(plugin, name=plugin.name)
         futures: dict[Any, int] = {}
         requeued = [0] * len(checked)

@@ -33,13 +33,15 @@ def plugin_name(batch: str) -> str:
 class PoolPlugin(WorkerPlugin):
     """One warm :class:`~host_kernel.HostPool` per Dask worker: made when the plugin is
     registered (or the worker starts), closed when it is removed or the worker closes.
-    ``roots`` are the folders the batch's workspaces lie beneath; ``name`` is the name it
+    ``roots`` are the folders the batch's workspaces lie beneath; ``hide_env`` the
+    variables its kernels must never hold (the batch's LLM key's); ``name`` is the name it
     is registered under (Dask's default when registered without one)."""
 
     def __init__(self, roots: Iterable[str], size: int = 1, *,
-                 name: str = POOL_PLUGIN) -> None:
+                 hide_env: Iterable[str] = (), name: str = POOL_PLUGIN) -> None:
         self.roots = tuple(roots)
         self.size = size
+        self.hide_env = tuple(hide_env)
         self.name = name
         self.pool: Any = None
 
@@ -48,7 +50,7 @@ class PoolPlugin(WorkerPlugin):
 
         for root in self.roots:
             Path(root).mkdir(parents=True, exist_ok=True)
-        self.pool = HostPool(size=self.size, roots=self.roots).start()
+        self.pool = HostPool(size=self.size, roots=self.roots, hide_env=self.hide_env).start()
 
     def teardown(self, worker: Worker) -> None:
         if self.pool is not None:

@@ -21,6 +21,8 @@ from ._errors import TaskInvalid
 __all__ = ["KINDS", "Task", "load_tasks"]
 
 KINDS = ("notebook", "agent")
+#: The longest task name: it names folders (``NAME/attempt-N``).
+NAME_LENGTH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
     if stripped.startswith("["):
         try:
             entries = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested past Python's stack: not ours
             raise TaskInvalid(f"{file} is not JSON: {exc}") from None
         tasks = [_task_from(e, base, f"{file}: entry {i}") for i, e in enumerate(entries, 1)]
     else:
@@ -107,7 +109,7 @@ def load_tasks(path: str | os.PathLike[str]) -> list[Task]:
                 continue
             try:
                 entry = json.loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise TaskInvalid(f"{file}: line {number} is not JSON: {exc}") from None
             tasks.append(_task_from(entry, base, f"{file}: line {number}"))
     if not tasks:
@@ -145,6 +147,10 @@ def _checked(tasks: Iterable[Task]) -> list[Task]:
                 raise TaskInvalid(f"two inputs of one task are named {name!r}; each is copied "
                                   f"into the workspace under its own name")
             names.add(name)
+        if task.kind == "notebook" and Path(task.source).name in names:
+            raise TaskInvalid(f"an input of {task.source} has the notebook's own name "
+                              f"{Path(task.source).name!r}; the notebook is copied into the "
+                              f"workspace under it")
         mode = task.mode
         if mode is not None:
             try:
@@ -153,7 +159,8 @@ def _checked(tasks: Iterable[Task]) -> list[Task]:
                 raise TaskInvalid(str(exc)) from None
         stem = task.name or (Path(task.source).stem if task.kind == "notebook"
                              else f"agent-{agents}")
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "task"
+        # A folder's name: at most NAME_LENGTH characters (a file system takes 255).
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)[:NAME_LENGTH].strip("._") or "task"
         name, n = stem, 1
         while name in taken:
             n += 1

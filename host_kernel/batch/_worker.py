@@ -10,6 +10,7 @@ the agent loop. The attempt protocol is in the package's docstring.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hmac
@@ -53,6 +54,26 @@ class Settings:
     #: Signs each finished attempt's status file: a summary is reused (its result lost
     #: with its worker) only when this batch's worker wrote it.
     secret: bytes = field(default=b"", repr=False)
+
+
+#: Marks a batch's workspaces folder. A folder holding it is never copied into a workspace:
+#: a later batch run where the notebooks are (``./hk-batch-<time>``, the command's
+#: default) would otherwise copy every earlier batch's workspaces into each of its own.
+MARKER = ".host-kernel-batch"
+
+
+def _mark(root: Path) -> None:
+    """Mark ``root`` as a batch's workspaces folder (made when missing)."""
+    root.mkdir(parents=True, exist_ok=True)
+    marker = root / MARKER
+    if not marker.exists():
+        marker.write_text("The workspaces of host-kernel batches: never copied into a "
+                          "task's workspace.\n", encoding="utf-8")
+
+
+def _a_batch(path: str) -> bool:
+    """Whether ``path`` is a batch's workspaces folder (a link is not followed)."""
+    return not os.path.islink(path) and os.path.isfile(os.path.join(path, MARKER))
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -108,7 +129,8 @@ def _claim(folder: Path, batch: str, secret: bytes = b""
 def _copy_in(sources: Iterable[str], workspace: Path, skip: tuple[str, ...]) -> None:
     def ignore(folder: str, names: list[str]) -> set[str]:
         return {n for n in names if n == ".ipynb_checkpoints"
-                or os.path.realpath(os.path.join(folder, n)) in skip}
+                or os.path.realpath(os.path.join(folder, n)) in skip
+                or _a_batch(os.path.join(folder, n))}
 
     for source in sources:
         src = Path(source)
@@ -119,13 +141,31 @@ def _copy_in(sources: Iterable[str], workspace: Path, skip: tuple[str, ...]) -> 
             shutil.copy2(src, target, follow_symlinks=False)
 
 
+def _copy_notebook(notebook: Path, workspace: Path) -> None:
+    """The notebook's own content into the workspace, under the name it was given (a link
+    to it, even a relative one, is followed here, where it points where it should)."""
+    target = workspace / notebook.name
+    with contextlib.suppress(FileNotFoundError):
+        target.unlink()  # never written through a link an input put there
+    shutil.copy2(notebook, target)
+
+
 def _hidden(settings: Settings) -> tuple[str, ...]:
     """What a task's kernel may not even read: every task's workspace and status file but
-    its own workspace (granted to it beneath), the records, and Dask's own configuration
-    (a cluster's TLS key lives there)."""
+    its own workspace (granted to it beneath), the records, Dask's own configuration (a
+    cluster's TLS key lives there) and the file holding the batch's LLM key."""
     dask_config = Path.home() / ".config" / "dask"
+    key_file = getattr(settings.llm, "api_key_file", None)
     return tuple(p for p in (settings.workspaces, settings.records,
-                             str(dask_config) if dask_config.exists() else None) if p)
+                             str(dask_config) if dask_config.exists() else None,
+                             key_file if isinstance(key_file, str) else None) if p)
+
+
+def _hidden_env(settings: Settings) -> tuple[str, ...]:
+    """The variable holding the batch's LLM key. An agent's Host hides it itself (it is
+    given the model); a notebook's Host is not, and a notebook is a task's code too."""
+    name = getattr(settings.llm, "api_key_env", None)
+    return (name,) if isinstance(name, str) and name else ()
 
 
 def _store_arguments(settings: Settings) -> dict[str, Any]:
@@ -147,6 +187,7 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
 
     pool, worker = worker_pool(plugin_name(settings.batch))
     folder = Path(settings.workspaces) / task.name
+    _mark(Path(settings.workspaces))
     attempt, workspace, finished, abandoned = _claim(folder, settings.batch, settings.secret)
     if finished is not None:
         return finished  # the result was lost with its worker, not the session
@@ -169,10 +210,14 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
         sources = list(task.inputs)
         if task.kind == "notebook":
             nb = Path(task.source)
-            sources = [*sources, str(nb)] if sources else [
-                str(p) for p in sorted(nb.resolve().parent.iterdir())
-                if os.path.realpath(p) not in settings.skip]
+            # The folder of the notebook itself (as `exec` runs it), less the notebook:
+            # copied below under the name it was given, whatever link leads to it.
+            sources = sources or [str(p) for p in sorted(nb.resolve().parent.iterdir())
+                                  if p.name != nb.name and not _a_batch(str(p))
+                                  and os.path.realpath(p) not in settings.skip]
         _copy_in(sources, workspace, settings.skip)
+        if task.kind == "notebook":
+            _copy_notebook(Path(task.source), workspace)
         runner = _run_notebook if task.kind == "notebook" else _run_agent
         summary = runner(task, workspace, record, settings, pool, base, started)
     except Exception as exc:  # noqa: BLE001 - whatever stopped it is the task's outcome
@@ -205,7 +250,8 @@ def _run_notebook(task: Task, workspace: Path, record: str | None, settings: Set
     cells = [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
     host = Host(workspace, mode=task.mode, record_dir=record, front="batch", pool=pool,
-                hide_paths=_hidden(settings), **_store_arguments(settings))
+                hide_paths=_hidden(settings), hide_env=_hidden_env(settings),
+                **_store_arguments(settings))
     started(host.session_id)
     failed: tuple[int, str] | None = None
     with host:

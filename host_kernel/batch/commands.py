@@ -277,7 +277,7 @@ def _run(args: argparse.Namespace) -> int:
     if find_spec("distributed") is None:
         raise CommandFailed("host-kernel batch needs Dask, which is not installed: "
                             "pip install 'dask[distributed]'")
-    from . import SchedulerUnreachable, TaskInvalid, run_batch
+    from . import BatchError, SchedulerUnreachable, run_batch
 
     workspaces = args.workspaces or (
         f"hk-batch-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
@@ -290,10 +290,10 @@ def _run(args: argparse.Namespace) -> int:
             retries=2 if args.retries is None else args.retries, cell_timeout=args.timeout,
             max_steps=args.max_steps, connect_timeout=args.connect_timeout,
             on_result=progress)
-    except TaskInvalid as exc:
-        raise UsageError(exc.message) from None
     except SchedulerUnreachable as exc:
         raise CommandFailed(exc.message) from None
+    except BatchError as exc:  # a task, or a folder, the batch cannot use: found before it ran
+        raise UsageError(exc.message) from None
     finally:
         progress.stop()
     if args.json:

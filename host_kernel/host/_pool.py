@@ -103,19 +103,23 @@ class HostPool:
 
     ``HostPool(size=2, roots=None)``: ``size`` standbys are kept started; ``roots``
     are the folders beneath which the workspaces it serves lie (default: the home
-    folder and the temp folder). A Host whose session the standbys cannot serve
-    (workspace outside the roots, a secret name in their environment, tracing or
-    confinement not as theirs) starts cold, and its record says why. Use as a
-    context manager, or call :meth:`start` and :meth:`close`; closing stops every
-    standby not yet handed out.
+    folder and the temp folder); ``hide_env`` names variables left out of the
+    standbys' environment beside those whose names look secret. A Host whose session
+    the standbys cannot serve (workspace outside the roots, a secret name in their
+    environment, tracing or confinement not as theirs) starts cold, and its record
+    says why. Use as a context manager, or call :meth:`start` and :meth:`close`;
+    closing stops every standby not yet handed out.
     """
 
     def __init__(self, size: int = 2, *, roots: Sequence[str | os.PathLike[str]] | None = None,
-                 trace: bool = True, startup_timeout: float = 60.0) -> None:
+                 trace: bool = True, startup_timeout: float = 60.0,
+                 hide_env: Sequence[str] = ()) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise BadArguments("size must be a positive number of kernels")
         if not isinstance(trace, bool):
             raise BadArguments("trace must be True or False")
+        if isinstance(hide_env, str) or not all(isinstance(n, str) for n in hide_env):
+            raise BadArguments("hide_env must be a list of variable names")
         if roots is None:
             roots = [Path.home(), tempfile.gettempdir()]
         self.roots = tuple(dict.fromkeys(os.path.realpath(os.fspath(r)) for r in roots
@@ -143,7 +147,7 @@ class HostPool:
         self.stats = {"handed_out": 0, "replaced": 0, "started": 0}
         redactor = Redactor()
         self._env = kernel_env({k: v for k, v in os.environ.items()
-                                if not k.startswith("HOST_KERNEL_")
+                                if not k.startswith("HOST_KERNEL_") and k not in hide_env
                                 and not redactor.is_secret_name(k)})
 
     # ------------------------------------------------------------------ lifecycle
