@@ -125,13 +125,20 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
                              "file:///shared/path, …), where audit --ledger finds them")
 
 
+def check_ledger_url(url: str) -> None:
+    """UsageError unless ``url`` is a PostgreSQL URL; the message shows it without its
+    password."""
+    from .store.pg import is_postgres_url, redact_url
+
+    if not is_postgres_url(url):
+        raise UsageError(f"--ledger takes a postgresql:// URL, not {redact_url(url)!r}")
+
+
 def store_options(args: argparse.Namespace) -> dict[str, Any]:
     """The Host keywords of :func:`add_store_arguments`' options, checked."""
-    from .store.pg import is_postgres_url
-
     ledger, blobs = getattr(args, "ledger", None), getattr(args, "blobs", None)
-    if ledger is not None and not is_postgres_url(ledger):
-        raise UsageError(f"--ledger takes a postgresql:// URL, not {ledger!r}")
+    if ledger is not None:
+        check_ledger_url(ledger)
     if blobs is not None and "://" not in blobs:
         blobs = str(Path(blobs).resolve())  # a plain path: a shared file system
     return {"ledger": ledger, "blobs": blobs}
@@ -406,13 +413,11 @@ def record_argument(args: argparse.Namespace) -> Any:
         raise UsageError(f"two records given ({record} and --record {option}); give one")
     url: str | None = getattr(args, "ledger", None)
     if url is not None:
-        from .store.pg import is_postgres_url
         from .store.verified import LedgerRecord
 
         if record is not None or option is not None:
             raise UsageError("give a record folder or --ledger URL, not both")
-        if not is_postgres_url(url):
-            raise UsageError(f"--ledger takes a postgresql:// URL, not {url!r}")
+        check_ledger_url(url)
         return LedgerRecord(url)
     return resolve_record(record if record is not None else option,
                           getattr(args, "workdir", None))
@@ -469,11 +474,16 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _since(value: str) -> float:
     import datetime as dt
+    import math
 
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"not a time: {value}")
+        return number
     try:
         when = dt.datetime.fromisoformat(value)
     except ValueError:
@@ -522,10 +532,7 @@ def _audit_run(args: argparse.Namespace) -> int:
         if args.expect_head is not None or args.reproduce:
             raise UsageError("--expect-head and --reproduce work on a record folder, not "
                              "with --ledger")
-        from .store.pg import is_postgres_url
-
-        if not is_postgres_url(args.ledger):
-            raise UsageError(f"--ledger takes a postgresql:// URL, not {args.ledger!r}")
+        check_ledger_url(args.ledger)
         report = audit_ledger(args.ledger, sessions=args.session, since=args.since,
                               blobs=args.blobs, strict=args.strict, progress=progress,
                               without_key=args.without_key,

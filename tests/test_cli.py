@@ -328,3 +328,27 @@ def test_exec_blobs_takes_a_plain_path_and_refuses_a_store_it_cannot_use(tmp_pat
         assert line.startswith("host-kernel exec: error: the Host could not start: "
                                "[bad_arguments] blobs: ") and says in line, line
     assert not list(tmp_path.glob("glob*"))
+
+
+@pytest.mark.parametrize("argv", [
+    ("ls", "--ledger", "mysql://u:hunter2@db/x"),
+    ("audit", "--ledger", "mysql://u:hunter2@db/x"),
+    ("show", "x", "--ledger", "mysql://u:hunter2@db/x?password=hunter2"),
+    ("exec", "{nb}", "--ledger", "mysql://u:hunter2@db/x"),
+])
+def test_a_ledger_url_of_the_wrong_kind_is_refused_without_its_password(
+        argv: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from host_kernel.cli import main
+
+    nb = write_notebook(tmp_path / "nb.ipynb", new_code_cell("1"))
+    assert main([a.format(nb=nb) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "--ledger takes a postgresql:// URL" in err and "hunter2" not in err, err
+
+
+@pytest.mark.parametrize("since", ["nan", "inf", "1e999", "yesterday"])
+def test_audit_since_must_be_a_time(since: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from host_kernel.cli import main
+
+    assert main(["audit", "--ledger", "postgresql://127.0.0.1:9/x", "--since", since]) == 2
+    assert "argument --since" in capsys.readouterr().err
