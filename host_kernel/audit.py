@@ -578,7 +578,8 @@ def _audit_ledger(ledger: Any, report: AuditReport, names: list[str] | None,
         for drift in projection_drift(ledger, trusted, chosen):
             report.findings.append(Finding("projection_drift", f"{drift.table} {drift.key}",
                                            drift.problem))
-        blobs = _ledger_blobs(trusted, blobs_url, report)
+        blobs, unreadable = ledger_blob_sources(trusted, blobs_url)
+        report.findings += unreadable
         _check_named_blobs(trusted, blobs, report, progress)
         _check_receipts(trusted, blobs, report)
         _check_lineage(trusted, blobs, report, strict)
@@ -628,9 +629,12 @@ class _BlobSources:
         return iter(())
 
 
-def _ledger_blobs(trusted: SQLiteLedger, url: str | None, report: AuditReport) -> Any:
-    """Where an audited ledger's blobs are: the store given, or those the sessions named,
-    then each session's record folder on this machine (all read-only)."""
+def ledger_blob_sources(trusted: SQLiteLedger, url: str | None) -> tuple[Any, list[Finding]]:
+    """Where a PostgreSQL ledger's blobs are, read from its verified projection
+    ``trusted``: the store at ``url`` when given, else the stores its sessions named, then
+    each session's record folder on this machine (all read-only; each read verified). With
+    them, a ``blobs_unreadable`` finding for each store that could not be opened."""
+    unreadable: list[Finding] = []
     from .store.fsblobs import FsspecBlobStore
     from .store.pg import redact_url
 
@@ -650,12 +654,12 @@ def _ledger_blobs(trusted: SQLiteLedger, url: str | None, report: AuditReport) -
         try:
             stores.append(FsspecBlobStore(one))
         except (HostKernelError, ValueError, ImportError) as exc:
-            report.findings.append(Finding("blobs_unreadable", redact_url(one),
-                                           f"the blob store cannot be opened: {exc}"))
+            unreadable.append(Finding("blobs_unreadable", redact_url(one),
+                                      f"the blob store cannot be opened: {exc}"))
     for folder in dict.fromkeys(folders):
         if (folder / "blobs" / "sha256").is_dir():
             stores.append(_blob_store(folder))
-    return _BlobSources(stores)
+    return _BlobSources(stores), unreadable
 
 
 def _check_named_blobs(ledger: SQLiteLedger, blobs: Any, report: AuditReport,

@@ -352,3 +352,12 @@ def test_audit_since_must_be_a_time(since: str, capsys: pytest.CaptureFixture[st
 
     assert main(["audit", "--ledger", "postgresql://127.0.0.1:9/x", "--since", since]) == 2
     assert "argument --since" in capsys.readouterr().err
+
+
+def test_view_blobs_goes_with_a_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from host_kernel.cli import main
+
+    assert main(["view", str(tmp_path), "--blobs", "s3://bucket/x", "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert err == "host-kernel view: error: --blobs goes with --ledger: a record folder holds " \
+                  "its own blobs\n", err

@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from _pg import direct_sql
 from _s3 import BUCKET
 
 from host_kernel import Host
@@ -119,3 +120,42 @@ def test_a_blob_store_on_a_shared_folder_is_hidden_from_the_kernel() -> None:
         assert FsspecBlobStore(f"file://{shared}").read(mine) == b"mine"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_viewer_shows_a_ledger_and_serves_checked_bytes_from_its_bucket(
+        stores: tuple[str, str], s3_endpoint: str, tmp_path: Path) -> None:
+    import httpx
+
+    from host_kernel.store.verified import LedgerRecord
+    from host_kernel.viewer import ViewerServer
+
+    ledger, blobs = stores
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Host(ws, ledger=ledger, blobs=blobs) as h:
+        obs = h.execute("open('r.txt', 'w').write('result 42')\n"
+                        "a = host.save_artifact('r.txt')\nprint(a.artifact_id, a.sha256)")
+        assert obs.status == "ok", obs.text
+        artifact, sha = obs.text.split()
+        session = h.session_id
+        shutil.rmtree(h.record_dir)  # the reviewer has the database and the bucket only
+    with ViewerServer(LedgerRecord(ledger)) as server, httpx.Client(
+            base_url=f"http://127.0.0.1:{server.port}", params={"token": server.token},
+            timeout=30) as client:
+        assert session in client.get("/").text
+        page = client.get(f"/artifact/{artifact}")
+        assert page.status_code == 200 and sha in page.text
+        got = client.get(f"/artifact/{artifact}/bytes")
+        assert got.status_code == 200 and got.content == b"result 42"
+
+        key = f"{blobs[len('s3://'):]}/blobs/sha256/{sha[:2]}/{sha}"
+        _fs(s3_endpoint).pipe(key, b"result 43")  # type: ignore[attr-defined]
+        got = client.get(f"/artifact/{artifact}/bytes")
+        assert got.status_code == 409 and "not served" in got.text and b"43" not in got.content
+
+        # An event edited in the database: every page is the red banner.
+        direct_sql(ledger, "UPDATE events SET body = body || ' ' WHERE session = ? AND n = 2",
+                   (session,))
+        refused = client.get("/")
+        assert refused.status_code == 409 and "chain_broken" in refused.text
+        assert session not in refused.text

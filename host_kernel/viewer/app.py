@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..lineage.svg import lineage_svg
 from ..store.ledger import RecordRefused, SQLiteLedger
-from ..store.verified import open_verified
+from ..store.verified import LedgerRecord, open_verified
 from . import pages
 
 __all__ = ["ViewerServer", "create_app", "serve_in_thread"]
@@ -133,10 +133,12 @@ def _same(given: str, token: str) -> bool:
 
 
 class Viewer:
-    """The routes of one record's viewer."""
+    """The routes of one record's viewer: a record folder, or a PostgreSQL ledger
+    (``blobs``: where its blobs are, else where its sessions say they put them)."""
 
-    def __init__(self, record_dir: Path) -> None:
-        self.record_dir = record_dir
+    def __init__(self, record: Path | LedgerRecord, blobs: str | None = None) -> None:
+        self.record = record
+        self.blobs_url = blobs
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True,
                                undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         self.static = {p.name: p for p in STATIC.iterdir() if p.is_file()} \
@@ -145,13 +147,13 @@ class Viewer:
     def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("header", None)
         context.setdefault("refused", None)
-        context.setdefault("record_path", str(self.record_dir))
+        context.setdefault("record_path", str(self.record))
         html = self.env.get_template(template).render(**context)
         return HTMLResponse(html, status_code=status)
 
     @contextmanager
     def _verified(self) -> Iterator[SQLiteLedger]:
-        ledger = open_verified(self.record_dir)
+        ledger = open_verified(self.record)
         try:
             yield ledger
         finally:
@@ -163,7 +165,7 @@ class Viewer:
         is refused, a 404 page when what is asked for is not in it."""
         try:
             with self._verified() as ledger:
-                header = pages.record_header(ledger, self.record_dir)
+                header = pages.record_header(ledger, self.record)
                 try:
                     context = build(ledger)
                 except pages.NotFound as exc:
@@ -193,6 +195,16 @@ class Viewer:
             return Response(data, media_type=media_type, headers=headers)
         return StreamingResponse(_chunks(data), media_type=media_type, headers=headers)
 
+    def _blobs(self, ledger: SQLiteLedger) -> pages.BlobSource:
+        """Where the artifacts' bytes are read: the record folder's store, or the stores a
+        PostgreSQL ledger's verified sessions name (each read verified)."""
+        if isinstance(self.record, Path):
+            return self.record
+        from ..audit import ledger_blob_sources
+
+        sources, _ = ledger_blob_sources(ledger, self.blobs_url)  # none opened: "not in"
+        return sources
+
     # -- routes
 
     def sessions(self, request: Request) -> Response:
@@ -206,7 +218,7 @@ class Viewer:
         aid = request.path_params["artifact_id"]
 
         def build(ledger: SQLiteLedger) -> dict[str, Any]:
-            page = pages.artifact_page(ledger, self.record_dir, aid)
+            page = pages.artifact_page(ledger, self._blobs(ledger), aid)
             # lineage_svg escapes every label it writes (host_kernel/lineage/svg.py), and the
             # page's policy runs no inline script even if it did not.
             page["svg"] = Markup(lineage_svg(page["graph"], title=f"lineage of "
@@ -230,7 +242,7 @@ class Viewer:
             if not rows:
                 raise pages.NotFound(f"no artifact {aid!r} in this record")
             names.append(rows[0]["filename"])
-            return pages.artifact_blob(self.record_dir, rows[0]["sha256"])
+            return pages.artifact_blob(self._blobs(ledger), rows[0]["sha256"])
 
         response = self.download("artifact", build, "application/octet-stream")
         if names and response.status_code == 200:
@@ -274,9 +286,11 @@ def _json_bytes(value: Any) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def create_app(record_dir: str | Path, token: str) -> ASGIApp:
-    """The viewer of the record folder ``record_dir``, behind its token gate."""
-    viewer = Viewer(Path(record_dir))
+def create_app(record: str | Path | LedgerRecord, token: str, *,
+               blobs: str | None = None) -> ASGIApp:
+    """The viewer of the record folder (or PostgreSQL ledger) ``record``, behind its token
+    gate; ``blobs``: a ledger's blob store, when not the one its sessions recorded."""
+    viewer = Viewer(record if isinstance(record, LedgerRecord) else Path(record), blobs)
     routes = [
         Route("/", viewer.sessions, methods=["GET"]),
         Route("/session/{session_id}", viewer.session, methods=["GET"]),
@@ -297,11 +311,14 @@ def create_app(record_dir: str | Path, token: str) -> ASGIApp:
 
 class ViewerServer:
     """One record's viewer on 127.0.0.1: bound when made (``port`` 0 picks a free port), so
-    :attr:`url` (with the token) is known before it serves."""
+    :attr:`url` (with the token) is known before it serves. The record is a folder, or a
+    :class:`~host_kernel.store.verified.LedgerRecord` (``blobs``: its blob store's URL when
+    not the one its sessions recorded)."""
 
-    def __init__(self, record_dir: str | Path, *, port: int = 0,
-                 token: str | None = None) -> None:
-        self.record_dir = Path(record_dir)
+    def __init__(self, record_dir: str | Path | LedgerRecord, *, port: int = 0,
+                 token: str | None = None, blobs: str | None = None) -> None:
+        self.record_dir = (record_dir if isinstance(record_dir, LedgerRecord)
+                           else Path(record_dir))
         self.token = token or secrets.token_urlsafe(24)
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -312,7 +329,8 @@ class ViewerServer:
             raise
         self.port: int = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/?token={self.token}"
-        config = uvicorn.Config(create_app(self.record_dir, self.token), lifespan="off",
+        config = uvicorn.Config(create_app(self.record_dir, self.token, blobs=blobs),
+                                lifespan="off",
                                 log_config=None, log_level="warning", access_log=False,
                                 server_header=False)
         self._server = uvicorn.Server(config)

@@ -31,7 +31,10 @@ def _port(value: str) -> int:
 
 
 def _view_arguments(parser: argparse.ArgumentParser) -> None:
-    add_record_arguments(parser, positional=True, ledger=False)
+    add_record_arguments(parser, positional=True)
+    parser.add_argument("--blobs", metavar="URL", default=None,
+                        help="with --ledger: where its artifacts' bytes are (an fsspec URL or "
+                             "a path; default: the store each session recorded)")
     parser.add_argument("--port", metavar="N", type=_port, default=0,
                         help="the port on 127.0.0.1 to serve on (default: a free one)")
     parser.add_argument("--no-browser", action="store_true",
@@ -56,9 +59,11 @@ def _browser_available() -> bool:
 def _view_run(args: argparse.Namespace) -> int:
     from .app import ViewerServer
 
+    if args.blobs is not None and args.ledger is None:
+        raise UsageError("--blobs goes with --ledger: a record folder holds its own blobs")
     record = record_argument(args)
     try:
-        server = ViewerServer(record, port=args.port)
+        server = ViewerServer(record, port=args.port, blobs=args.blobs)
     except OSError as exc:
         raise UsageError(f"cannot listen on 127.0.0.1:{args.port}: "
                          f"{exc.strerror or exc}") from None

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from .._errors import FileProblem, HostCallError
+from .._errors import FileProblem, HostKernelError
 from ..lineage.graph import Lineage, build_lineage, receipt_statement
 from ..store.blobs import open_regular
 from ..store.ledger import Ledger
@@ -145,7 +145,7 @@ def _bodies(ledger: Ledger, kind: str, session: str | None = None) -> list[tuple
     return found
 
 
-def record_header(ledger: Ledger, record_dir: Path) -> dict[str, Any]:
+def record_header(ledger: Ledger, record_dir: object) -> dict[str, Any]:
     """What the header of every page says about the record: where it is, and its chain head."""
     head = ledger.head()
     return {"path": str(record_dir), "head": head.hash if head else None,
@@ -410,26 +410,41 @@ BLOB_CHUNK = 1 << 20
 BLOB_IN_MEMORY = 16 << 20
 
 
-def _read_blob(record_dir: Path, sha256: str, sink: Callable[[bytes], object] | None) -> None:
-    """Read the blob named ``sha256`` in chunks, handing each to ``sink``, and raise
-    BlobUnavailable unless the bytes hash to ``sha256``. Memory stays at one chunk.
+#: Where a viewer reads blobs: a record folder, or a store's reader (what
+#: :func:`host_kernel.audit.ledger_blob_sources` gives for a PostgreSQL ledger).
+BlobSource = Path | Any
 
-    Reads without creating anything (the store's own constructor makes its folders) and
-    never follows a symlink or blocks on a FIFO.
-    """
+
+def _open_blob(source: BlobSource, sha256: str) -> BinaryIO:
+    """The stored bytes named ``sha256``, opened for reading (FileNotFoundError: none).
+
+    In a record folder, opened without creating anything (the store's own constructor
+    makes its folders), never following a symlink nor blocking on a FIFO."""
+    if isinstance(source, Path):
+        return open_regular(source / "blobs" / "sha256" / sha256[:2] / sha256)
+    try:
+        return cast(BinaryIO, source.open(sha256))
+    except HostKernelError as exc:
+        if getattr(exc, "code", None) == "blob_missing":
+            raise FileNotFoundError(sha256) from None
+        raise
+
+
+def _read_blob(source: BlobSource, sha256: str, sink: Callable[[bytes], object] | None) -> None:
+    """Read the blob named ``sha256`` in chunks, handing each to ``sink``, and raise
+    BlobUnavailable unless the bytes hash to ``sha256``. Memory stays at one chunk."""
     if not _SHA256.fullmatch(sha256):
         raise BlobUnavailable("the recorded sha256 is not a sha256 digest")
-    path = record_dir / "blobs" / "sha256" / sha256[:2] / sha256
     digest = hashlib.sha256()
     try:
-        with open_regular(path) as f:
+        with _open_blob(source, sha256) as f:
             while chunk := f.read(BLOB_CHUNK):
                 digest.update(chunk)
                 if sink is not None:
                     sink(chunk)
     except FileNotFoundError:
         raise BlobUnavailable("its bytes are not in the record's blob store") from None
-    except (OSError, HostCallError) as exc:
+    except (OSError, HostKernelError) as exc:  # a store's verified read: blob_altered too
         raise BlobUnavailable(f"its bytes cannot be read ({exc})") from None
     actual = digest.hexdigest()
     if actual != sha256:
@@ -437,12 +452,12 @@ def _read_blob(record_dir: Path, sha256: str, sink: Callable[[bytes], object] | 
                               f"sha256: the blob store was altered; they are not served")
 
 
-def check_blob(record_dir: Path, sha256: str) -> None:
+def check_blob(source: BlobSource, sha256: str) -> None:
     """Raise BlobUnavailable unless the artifact's stored bytes hash to ``sha256``."""
-    _read_blob(record_dir, sha256, None)
+    _read_blob(source, sha256, None)
 
 
-def artifact_blob(record_dir: Path, sha256: str) -> BinaryIO:
+def artifact_blob(source: BlobSource, sha256: str) -> BinaryIO:
     """The artifact's bytes from the record's blob store, only if they hash to ``sha256``:
     a file positioned at its start, in memory up to :data:`BLOB_IN_MEMORY` and spilled to a
     temporary file past it (the caller closes it). What is served is this copy, taken in
@@ -450,7 +465,7 @@ def artifact_blob(record_dir: Path, sha256: str) -> BinaryIO:
     Raises BlobUnavailable saying why not."""
     copy = tempfile.SpooledTemporaryFile(max_size=BLOB_IN_MEMORY)
     try:
-        _read_blob(record_dir, sha256, copy.write)
+        _read_blob(source, sha256, copy.write)
     except BaseException:
         copy.close()
         raise
@@ -458,7 +473,7 @@ def artifact_blob(record_dir: Path, sha256: str) -> BinaryIO:
     return cast(BinaryIO, copy)
 
 
-def artifact_page(ledger: Ledger, record_dir: Path, artifact_id: str) -> dict[str, Any]:
+def artifact_page(ledger: Ledger, blobs: BlobSource, artifact_id: str) -> dict[str, Any]:
     """An artifact: its fields, its lineage graph, the receipts involved, and whether its
     bytes can be downloaded."""
     rows = ledger.query("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
@@ -473,7 +488,7 @@ def artifact_page(ledger: Ledger, record_dir: Path, artifact_id: str) -> dict[st
         receipts.setdefault(r["receipt_id"], f"$ {r['command']}")
     blob_problem: str | None = None
     try:
-        check_blob(record_dir, a["sha256"])
+        check_blob(blobs, a["sha256"])
     except BlobUnavailable as exc:
         blob_problem = str(exc)
     loads = [{"cell": r["cell_id"], "path": r["path"], "session": r["session"]}
