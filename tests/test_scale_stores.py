@@ -35,19 +35,29 @@ def _fs(endpoint: str) -> object:
                              use_listings_cache=False)
 
 
-def test_artifacts_reach_the_bucket_and_audit_checks_them_there(
-        stores: tuple[str, str], s3_endpoint: str, tmp_path: Path) -> None:
+SAVE_RESULT = ("open('r.txt', 'w').write('result 42')\na = host.save_artifact('r.txt')\n"
+               "print(a.artifact_id, a.sha256)\n"
+               "import os\nprint(sorted(k for k in os.environ if k.startswith('AWS')))")
+
+
+def _save_result(stores: tuple[str, str], tmp_path: Path) -> tuple[str, str, str, Path, str]:
+    """A session that saves one artifact into the stores: its artifact id and sha256, its
+    session id, its record folder, and the AWS variables its kernel saw."""
     ledger, blobs = stores
     ws = tmp_path / "ws"
     ws.mkdir()
     with Host(ws, ledger=ledger, blobs=blobs) as h:
-        obs = h.execute("open('r.txt', 'w').write('result 42')\n"
-                        "a = host.save_artifact('r.txt')\nprint(a.sha256)\n"
-                        "import os\nprint(sorted(k for k in os.environ if k.startswith('AWS')))")
+        obs = h.execute(SAVE_RESULT)
         assert obs.status == "ok", obs.text
-        sha, env = obs.text.split("\n")[:2]
-        session = h.session_id
-        record = h.record_dir
+        ids, env = obs.text.split("\n")[:2]
+        artifact, sha = ids.split()
+        return artifact, sha, h.session_id, h.record_dir, env
+
+
+def test_artifacts_reach_the_bucket_and_audit_checks_them_there(
+        stores: tuple[str, str], s3_endpoint: str, tmp_path: Path) -> None:
+    ledger, blobs = stores
+    _, sha, session, record, env = _save_result(stores, tmp_path)
     # The bucket's credentials and address never reach the kernel.
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"} & set(
         json.loads(env.replace("'", '"')))
@@ -130,15 +140,8 @@ def test_the_viewer_shows_a_ledger_and_serves_checked_bytes_from_its_bucket(
     from host_kernel.viewer import ViewerServer
 
     ledger, blobs = stores
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    with Host(ws, ledger=ledger, blobs=blobs) as h:
-        obs = h.execute("open('r.txt', 'w').write('result 42')\n"
-                        "a = host.save_artifact('r.txt')\nprint(a.artifact_id, a.sha256)")
-        assert obs.status == "ok", obs.text
-        artifact, sha = obs.text.split()
-        session = h.session_id
-        shutil.rmtree(h.record_dir)  # the reviewer has the database and the bucket only
+    artifact, sha, session, record, _ = _save_result(stores, tmp_path)
+    shutil.rmtree(record)  # the reviewer has the database and the bucket only
     with ViewerServer(LedgerRecord(ledger)) as server, httpx.Client(
             base_url=f"http://127.0.0.1:{server.port}", params={"token": server.token},
             timeout=30) as client:
