@@ -114,7 +114,7 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     """``--ledger URL`` and ``--blobs URL``: where a Host keeps its record beyond the record
-    folder (docs/scale.md); ``exec``, ``run`` and ``batch`` take them."""
+    folder (docs/scale.md); ``exec``, ``run``, ``mcp`` and ``batch`` take them."""
     parser.add_argument("--ledger", metavar="URL", default=None,
                         help="keep the ledger in the PostgreSQL database at URL "
                              "(postgresql://user@host:port/db) instead of the record folder's "

@@ -260,8 +260,11 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def serve(workdir: str | os.PathLike[str], *, mode: str | None = None,
-          record_dir: str | os.PathLike[str] | None = None) -> int:
-    """Serve a Host over MCP on stdio until the client closes stdin; returns an exit code."""
+          record_dir: str | os.PathLike[str] | None = None, ledger: str | None = None,
+          blobs: str | None = None) -> int:
+    """Serve a Host over MCP on stdio until the client closes stdin; returns an exit code.
+    ``ledger`` and ``blobs``: the record's PostgreSQL ledger and blob store, as for
+    :class:`~host_kernel.Host`."""
     wire_in, wire_out = _claim_stdio()
     stderr = sys.stderr
     # The SDK's stdio transport takes sys.stdin/sys.stdout's buffers when it starts; the
@@ -276,7 +279,8 @@ def serve(workdir: str | os.PathLike[str], *, mode: str | None = None,
     signal.signal(signal.SIGTERM, _terminate)
     worker = HostThread("mcp-host")
     # spare: the next generation's kernel waits started, so restart_kernel is a swap.
-    host = Host(Path(workdir), mode=mode, record_dir=record_dir, front="mcp", spare=True)
+    host = Host(Path(workdir), mode=mode, record_dir=record_dir, front="mcp", spare=True,
+                ledger=ledger, blobs=blobs)
     try:
         worker.call(host.start)
         stderr.write(f"host-kernel mcp {__version__}: serving {host.workdir} (mode "

@@ -144,3 +144,33 @@ def test_an_mcp_client_lists_tools_runs_a_cell_and_a_command_and_submits(
     assert "LEAK-RAW" in log and "LEAK-CHILD" in log  # the kernel's fd 1 is the server's stderr
     assert f"record {os.environ['XDG_STATE_HOME']}" in log
 
+
+
+async def _one_cell(params: StdioServerParameters, errlog: Any) -> str:
+    async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(
+            read, write) as session:
+        await session.initialize()
+        return text_of(await session.call_tool("execute_cell", {"code": "print(6 * 7)"}))
+
+
+def test_an_mcp_session_can_keep_its_record_in_a_postgresql_ledger(
+        workdir: Path, tmp_path: Path, pg_url: str) -> None:
+    from host_kernel.audit import audit_ledger
+    from host_kernel.store.pg import PostgresLedger
+
+    server = [sys.executable, "-m", "host_kernel", "mcp", "--workdir", str(workdir),
+              "--ledger", pg_url]
+    params = StdioServerParameters(
+        command=server[0], args=server[1:], cwd=str(workdir),
+        env={"TMPDIR": tempfile.gettempdir(), "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],
+             "XDG_CONFIG_HOME": os.environ.get("XDG_CONFIG_HOME", ""),
+             "HOME": os.environ["HOME"]})
+    with (tmp_path / "stderr.log").open("w") as errlog:
+        cell = anyio.run(_one_cell, params, errlog)
+    assert "42" in cell, cell
+    with PostgresLedger.open_readonly(pg_url) as reader:
+        [(front, cells)] = reader.query(
+            "SELECT front, (SELECT count(*) FROM cells) FROM sessions")
+    assert front == "mcp" and cells == 1
+    report = audit_ledger(pg_url)
+    assert report.clean, [str(f) for f in report.findings]

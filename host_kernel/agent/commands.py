@@ -355,15 +355,17 @@ def _mcp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--record", metavar="DIR", default=None,
                         help="the record folder (default: the workspace's record folder, "
                              "outside it, under $XDG_STATE_HOME/host_kernel/records/)")
+    add_store_arguments(parser)
 
 
 def _mcp_run(args: argparse.Namespace) -> int:
     workdir = _workdir(args.workdir)
     mode = _mode(args.mode)
     writable_record(args.record)
+    stores = store_options(args)
     from ..mcp_server import serve
 
-    return serve(workdir, mode=mode, record_dir=args.record)
+    return serve(workdir, mode=mode, record_dir=args.record, **stores)
 
 
 MCP = Command(
