@@ -634,9 +634,10 @@ def ledger_blob_sources(trusted: SQLiteLedger, url: str | None) -> tuple[Any, li
     ``trusted``: the store at ``url`` when given, else the stores its sessions named, then
     each session's record folder on this machine (all read-only; each read verified). With
     them, a ``blobs_unreadable`` finding for each store that could not be opened."""
-    unreadable: list[Finding] = []
     from .store.fsblobs import FsspecBlobStore
     from .store.pg import redact_url
+
+    unreadable: list[Finding] = []
 
     stores: list[Any] = []
     named: list[str] = []
