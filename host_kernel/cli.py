@@ -131,6 +131,9 @@ def check_ledger_url(url: str) -> None:
     from .store.pg import is_postgres_url, redact_url
 
     if not is_postgres_url(url):
+        if "://" not in url:  # a key=value string, a URL without its scheme: not shown
+            raise UsageError("--ledger takes a postgresql:// URL "
+                             "(postgresql://user@host:port/db), not a connection string")
         raise UsageError(f"--ledger takes a postgresql:// URL, not {redact_url(url)!r}")
 
 

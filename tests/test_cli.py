@@ -335,6 +335,8 @@ def test_exec_blobs_takes_a_plain_path_and_refuses_a_store_it_cannot_use(tmp_pat
     ("audit", "--ledger", "mysql://u:hunter2@db/x"),
     ("show", "x", "--ledger", "mysql://u:hunter2@db/x?password=hunter2"),
     ("exec", "{nb}", "--ledger", "mysql://u:hunter2@db/x"),
+    ("ls", "--ledger", "host=db user=u password=hunter2 dbname=x"),  # libpq's key=value
+    ("audit", "--ledger", "u:hunter2@db/x"),
 ])
 def test_a_ledger_url_of_the_wrong_kind_is_refused_without_its_password(
         argv: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,6 +117,9 @@ def test_a_wrong_key_is_one_clear_refusal_not_a_failure_per_event(
     "postgresql://hk:s3cr%zzet@127.0.0.1:1/x",
     "postgresql://hk:s3cret@[127.0.0.1:1/x",
     "postgresql://hk@127.0.0.1:1/x?password=s3cr%00et",
+    "postgresql://hk:s3cr#et@127.0.0.1:1/x",  # libpq takes these passwords as written
+    "postgresql://hk:s3cr?et@127.0.0.1:1/x",
+    "postgresql://hk:s3cr/et@127.0.0.1:1/x",
 ])
 @pytest.mark.parametrize("command", [["ls"], ["show", "abc"], ["receipt", "abc"],
                                      ["lineage", "abc"], ["export", "-o", "o.ipynb"],
@@ -136,6 +139,15 @@ def test_a_malformed_url_is_one_error_line_without_its_password(
 def test_redact_url_never_raises() -> None:
     assert redact_url("postgresql://u:pw@[bad") == "postgresql://…"
     assert "pw" not in redact_url("postgresql://u:pw@h/d?password=pw")
+
+
+@pytest.mark.parametrize("password", ["s3#cr", "s3?cr", "s3/cr", "s3@cr", "s3:cr"])
+def test_redact_url_hides_a_password_urlsplit_would_not_see(password: str) -> None:
+    # libpq ends the user part at its "@", not at a "#" or "?" as urlsplit does.
+    for url in (f"postgresql://u:{password}@h:5/d", f"postgresql://u@h/d?password={password}"):
+        assert "s3" not in redact_url(url) and "cr" not in redact_url(url), url
+    assert redact_url("postgresql://h:5/d?application_name=a@b") == \
+        "postgresql://h:5/d?application_name=a@b"
 
 
 def test_cli_reports_the_key_and_selection_findings(ledger: str, tmp_path: Path,

@@ -170,25 +170,44 @@ def is_postgres_url(value: object) -> bool:
 _SECRET_PARAMS = frozenset({"password", "sslpassword", "passfile", "sslkey"})
 
 
+def _password_span(url: str) -> tuple[int, int] | None:
+    """Where the password of ``url``'s user part is (start, end), or None. The user part
+    ends at the last ``@`` before the first ``/``: libpq takes a password holding ``#`` or
+    ``?`` (where urlsplit would end it and see none). A password holding ``/`` (which libpq
+    does not take) is found too: it is still what the person typed as their password."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    authority = rest.split("/", 1)[0]
+    if "@" in authority:
+        user = authority.rsplit("@", 1)[0]
+    else:
+        user = rest.split("@", 1)[0] if "@" in rest else ""
+        if "?" in user or "=" in user:
+            return None  # an "@" in a query, not a user part
+    if ":" not in user:
+        return None
+    start = len(scheme) + len(sep) + user.index(":") + 1
+    return start, len(scheme) + len(sep) + len(user)
+
+
 def redact_url(url: str) -> str:
     """``url`` without its password (in the user part or the query), for messages and
     records; anything else is left as it was written. A URL too malformed to take apart
     (an unclosed ``[``) keeps only its scheme: nothing after it is shown."""
     try:
-        parts = urllib.parse.urlsplit(url)
-        parts.password  # noqa: B018 - parsed here, where a bad one is caught
+        urllib.parse.urlsplit(url).password  # noqa: B018 - a bad one is caught here
     except ValueError:
         return url.split("://", 1)[0] + "://…"
     out = url
-    if parts.password is not None:
-        host = parts.netloc.rsplit("@", 1)[-1]
-        out = out.replace(parts.netloc, f"{parts.username or ''}:***@{host}", 1)
-    if parts.query and any(k.lower() in _SECRET_PARAMS for k, _ in
-                           urllib.parse.parse_qsl(parts.query, keep_blank_values=True)):
-        query = "&".join(
+    span = _password_span(out)
+    if span is not None:
+        out = out[:span[0]] + "***" + out[span[1]:]
+    base, mark, query = out.partition("?")
+    if mark and "://" in base:
+        out = base + mark + "&".join(
             f"{item.split('=', 1)[0]}=***" if item.split("=", 1)[0].lower() in _SECRET_PARAMS
-            else item for item in parts.query.split("&"))
-        out = out.replace("?" + parts.query, "?" + query, 1)
+            else item for item in query.split("&"))
     return out
 
 
@@ -328,10 +347,10 @@ def _url_secrets(url: str) -> list[str]:
     parameters), as written and percent-decoded, longest first; found without
     :func:`urllib.parse.urlsplit`, which refuses some URLs libpq still quotes back."""
     found: list[str] = []
-    rest = url.split("://", 1)[-1]
-    userinfo = rest.split("/", 1)[0].split("?", 1)[0]
-    if "@" in userinfo and ":" in userinfo.rsplit("@", 1)[0]:
-        found.append(userinfo.rsplit("@", 1)[0].split(":", 1)[1])
+    span = _password_span(url)
+    if span is not None:
+        found.append(url[span[0]:span[1]])
+    rest = url.split("://", 1)[-1] if span is None else url[span[1]:]
     if "?" in rest:
         for item in rest.split("?", 1)[1].split("&"):
             name, _, value = item.partition("=")
