@@ -251,11 +251,19 @@ def test_a_pool_told_to_hide_a_name_serves_sessions_that_hide_it(
             assert out.text.strip() == "False"
 
 
+def test_a_pool_hides_the_names_an_iterator_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_PROJECT_ID", "do-not-show")
+    pool = HostPool(size=1, hide_env=iter(["LAB_PROJECT_ID"]))  # type: ignore[arg-type]
+    assert pool.refusal(confined=pool.confinement.active, traced=pool.traced,
+                        hidden=frozenset({"LAB_PROJECT_ID"})) is None
+
+
 def test_bad_pool_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BadArguments):
         HostPool(size=0)
-    with pytest.raises(BadArguments):
-        HostPool(size=1, hide_env="LAB_PROJECT_ID")  # type: ignore[arg-type]
+    for hide_env in ("LAB_PROJECT_ID", None, 5, [["LAB_PROJECT_ID"]], [1]):
+        with pytest.raises(BadArguments):
+            HostPool(size=1, hide_env=hide_env)  # type: ignore[arg-type]
     with pytest.raises(BadArguments):
         HostPool(size=1, roots=[tmp_path / "missing"])
     with pytest.raises(BadArguments):

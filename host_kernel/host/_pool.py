@@ -118,7 +118,11 @@ class HostPool:
             raise BadArguments("size must be a positive number of kernels")
         if not isinstance(trace, bool):
             raise BadArguments("trace must be True or False")
-        if isinstance(hide_env, str) or not all(isinstance(n, str) for n in hide_env):
+        try:  # taken once: an iterator checked here would be empty when filtering below
+            hidden = frozenset(hide_env) if not isinstance(hide_env, str) else None
+        except TypeError:
+            hidden = None
+        if hidden is None or not all(isinstance(n, str) for n in hidden):
             raise BadArguments("hide_env must be a list of variable names")
         if roots is None:
             roots = [Path.home(), tempfile.gettempdir()]
@@ -147,7 +151,7 @@ class HostPool:
         self.stats = {"handed_out": 0, "replaced": 0, "started": 0}
         redactor = Redactor()
         self._env = kernel_env({k: v for k, v in os.environ.items()
-                                if not k.startswith("HOST_KERNEL_") and k not in hide_env
+                                if not k.startswith("HOST_KERNEL_") and k not in hidden
                                 and not redactor.is_secret_name(k)})
 
     # ------------------------------------------------------------------ lifecycle
