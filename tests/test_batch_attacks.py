@@ -23,7 +23,15 @@ import pytest
 from _helpers import descendants
 from nbformat.v4 import new_code_cell, new_notebook
 
-from host_kernel.batch import Settings, Task, TaskInvalid, load_tasks, run_batch, run_task
+from host_kernel.batch import (
+    BatchError,
+    Settings,
+    Task,
+    TaskInvalid,
+    load_tasks,
+    run_batch,
+    run_task,
+)
 from host_kernel.batch._tasks import _checked
 from host_kernel.cli import main
 from host_kernel.llm import LLMConfig
@@ -198,3 +206,12 @@ def test_bad_folders_to_the_command_are_one_error_line_and_leave_nothing(
     assert sorted(p.name for p in home_root.iterdir()) == ["afile", "nbs"]
     assert sorted(p.name for p in nbs.iterdir()) == ["good.ipynb"]
 
+
+
+def test_a_refused_batch_leaves_no_workspaces_folder_of_its_own(
+        home_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where run_batch makes its own
+    nb = notebook(home_root / "nbs" / "a.ipynb", "print(1)")
+    with pytest.raises(BatchError, match="file system's root"):
+        run_batch([Task.notebook(nb)], records="/")
+    assert list(tmp_path.iterdir()) == []

@@ -162,3 +162,17 @@ def test_the_viewer_shows_a_ledger_and_serves_checked_bytes_from_its_bucket(
         refused = client.get("/")
         assert refused.status_code == 409 and "chain_broken" in refused.text
         assert session not in refused.text
+
+
+@pytest.mark.skipif(abi_version() < 1, reason="LOUD SKIP: Landlock is not available on this "
+                    "kernel: without confinement the kernel could read the store anyway")
+@pytest.mark.parametrize("inside", ["store in workspace", "workspace in store"])
+def test_a_blob_store_folder_overlapping_the_workspace_is_refused(tmp_path: Path,
+                                                                  inside: str) -> None:
+    from host_kernel._errors import ConfinementError
+
+    ws, shared = ((tmp_path / "ws", tmp_path / "ws" / "blobs") if inside == "store in workspace"
+                  else (tmp_path / "blobs" / "ws", tmp_path / "blobs"))
+    ws.mkdir(parents=True)
+    with pytest.raises(ConfinementError, match="overlap"):
+        Host(ws, blobs=str(shared)).start()

@@ -213,7 +213,12 @@ def run_batch(
     root = Path(os.path.realpath(workspaces if workspaces is not None
                                  else tempfile.mkdtemp(prefix="hk-batch-")))
     record_root = Path(os.path.realpath(records)) if records is not None else None
-    _check_roots(checked, root, record_root)
+    try:
+        _check_roots(checked, root, record_root)
+    except BatchError:
+        if workspaces is None:
+            root.rmdir()  # made empty just above: refused, the batch leaves nothing behind
+        raise
     made = workspaces is None or not root.exists()
     try:
         _mark(root)

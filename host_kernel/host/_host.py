@@ -331,6 +331,14 @@ class Host:
         self.record_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.record_dir, 0o700)
         self.ledger, self.blobs = self._open_stores()
+        shared = self._local_blob_folder()
+        if confinement.active and shared is not None and (
+                _inside(shared, self.workdir) or _inside(self.workdir, shared)):
+            self.ledger.close()
+            raise ConfinementError(
+                f"the blob store's folder {shared} and the workspace {self.workdir} overlap; "
+                f"confined code may read and write anywhere in the workspace, and the store "
+                f"holds other sessions' artifacts, so it must live outside it")
         self.blobs.sweep()
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
         socket_path = str(self._runtime_dir / "host.sock")
@@ -400,6 +408,14 @@ class Host:
             named["blobs"] = redact_url(self.blobs_url)
         return named
 
+    def _local_blob_folder(self) -> Path | None:
+        """The folder of a ``blobs=`` store on a local or shared file system; None for an
+        object store, or without ``blobs=``."""
+        remote = getattr(self.blobs, "remote", None)
+        if remote is None or not remote.local:
+            return None
+        return Path(os.path.realpath(remote.root))
+
     def _ledger_secrets(self) -> list[str]:
         """Files the kernel must not read because they open the record's stores: a
         PostgreSQL ledger's record key and libpq's password and service files; an object
@@ -420,9 +436,9 @@ class Host:
         if self.blobs_url is not None:
             # A blob store on a local or shared file system: it holds other sessions'
             # artifacts (every task of a batch writes there).
-            remote = getattr(self.blobs, "remote", None)
-            if remote is not None and remote.local:
-                found.append(Path(remote.root))
+            shared = self._local_blob_folder()
+            if shared is not None:
+                found.append(shared)
             found += [home / ".aws", home / ".config" / "gcloud", home / ".azure"]
             found += [Path(os.environ[n]) for n in ("AWS_SHARED_CREDENTIALS_FILE",
                                                     "AWS_CONFIG_FILE",
