@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import zmq
+from _helpers import descendants
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
@@ -51,24 +52,6 @@ def kernelspecs(root: Path) -> Iterator[Path]:
 
 def hk_folders(tmpdir: Path) -> list[Path]:
     return sorted(tmpdir.glob("hk-*"))
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process under ``pid`` (this PID namespace's /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    return found
 
 
 def alive(pid: int) -> bool:
