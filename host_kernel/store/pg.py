@@ -9,22 +9,22 @@ other and a reader checks one session without reading the others:
   from a sequence, with gaps where a transaction rolled back), ``session``, ``n`` (the
   event's place in its session's chain, 1, 2, 3… with no gap), ``ts``, ``kind``,
   ``body``, ``prev`` (the hash of the session's event ``n - 1``, or :data:`GENESIS`),
-  ``hash`` = :func:`~host_kernel.store.ledger.event_hash` over ``(prev, n, session, ts,
+  ``hash`` = :func:`~host_kernel.store.chain.event_hash` over ``(prev, n, session, ts,
   kind, body)``, and ``mac``, HMAC-SHA256 of the hash under the record key.
 - ``heads`` holds each session's last ``(n, hash, seq)``. An append locks the session's
   row (``SELECT … FOR UPDATE``), so a session's chain is linear however many writers
   hold the key; sessions interleave freely.
 - The projection tables are those of the SQLite ledger, filled by the same
-  :func:`~host_kernel.store.ledger.project` in the append's transaction.
+  :func:`~host_kernel.store.projection.project` in the append's transaction.
 - ``ledger_meta`` keeps the ledger's id (random, made with the schema) and a check
   value of the record key (an HMAC of a constant), so a writer holding another key is
   refused before it writes anything.
 
 The record key does not live in the database (whoever can write the database must not
-be able to forge MACs). :func:`key_path` finds it: the ``HOST_KERNEL_LEDGER_KEY``
-file, else ``$XDG_CONFIG_HOME/host_kernel/ledger-keys/<ledger id>.key``, made (0600,
-written whole, then linked into place) by the first writer. A batch driver reads it
-once (:func:`ledger_key`) and hands the bytes to its workers.
+be able to forge MACs). :func:`~host_kernel.store.keys.key_path` finds it: the
+``HOST_KERNEL_LEDGER_KEY`` file, else ``$XDG_CONFIG_HOME/host_kernel/ledger-keys/<ledger
+id>.key``, made (0600, written whole, then linked into place) by the first writer. A
+batch driver reads it once (:func:`ledger_key`) and hands the bytes to its workers.
 
 A Host holds a PostgreSQL advisory lock on its session for as long as its connection
 lives (:meth:`PostgresLedger.claim`); the server drops the lock when the Host's process
@@ -35,57 +35,61 @@ Readers use :meth:`PostgresLedger.open_readonly` (never a write; a view or any o
 relation standing in for a ledger table is refused) and the same checks and rebuild
 as for SQLite, per session, inside one read-only snapshot
 (:meth:`PostgresLedger.snapshot`); the replay checks each row it folds
-(:func:`replay_problems`), so what was checked is what is shown.
+(:func:`~host_kernel.store.chain.replay_problems`), so what was checked is what is shown.
 PostgreSQL ``text`` cannot hold the character U+0000: a projection column stores
 U+FFFD in its place, the event itself keeps it (JSON escapes it), and the comparison
 of stored and rebuilt projections allows for exactly that.
+
+The chain and its checks, the projection and the record key are shared with the SQLite
+ledger (:mod:`~host_kernel.store.chain`, :mod:`~host_kernel.store.projection`,
+:mod:`~host_kernel.store.keys`); this module never imports it. URLs and SQL over psycopg
+are :mod:`~host_kernel.store.pgwire`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import hmac
-import os
-import tempfile
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 from .._errors import RecordError
-from .ledger import (
+from .base import ChainProblem, Event, ForeignEventError, Head, RecordRefused
+from .chain import (
     _EVENT_COLUMNS,
     GENESIS,
-    KEY_BYTES,
-    PROJECTION_TABLES,
-    ChainProblem,
-    Event,
-    ForeignEventError,
-    Head,
-    RecordRefused,
+    _advance,
     _foreign_message,
-    _mac_ok,
-    _serialise,
+    _link_problems,
     event_hash,
     event_mac,
-    project,
     read_events,
-    read_key_file,
+    replay_problems,
+    session_chain_problems,
+    session_mac_problems,
+    session_starts,
 )
+from .keys import KEY_BYTES, KEY_ENV, _key_check, _make_key, key_path, keys_folder, read_key
+from .pgwire import (
+    _no_nul,
+    _pg_error,
+    _pg_sql,
+    _Projector,
+    _row_factory,
+    is_postgres_url,
+    redact_url,
+)
+from .projection import PROJECTION_TABLES, _serialise, project
 
 __all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "check_key", "is_postgres_url", "key_path",
            "keys_folder", "ledger_key", "read_key", "redact_url", "replay_problems",
            "session_chain_problems", "session_mac_problems", "session_starts"]
 
-#: The environment variable naming the record key file of a PostgreSQL ledger.
-KEY_ENV = "HOST_KERNEL_LEDGER_KEY"
-
-_KEY_CHECK = b"host_kernel ledger key check v1"
 
 #: The PostgreSQL schema (namespace) that holds the ledger's tables, in any database.
 PG_SCHEMA = "host_kernel"
@@ -160,105 +164,6 @@ CREATE INDEX IF NOT EXISTS submissions_by_session ON submissions (session);
 _SCHEMA_LOCK = 0x686B5F736368656D  # "hk_schem"
 
 
-def is_postgres_url(value: object) -> bool:
-    """Whether ``value`` is a ``postgresql://`` (or ``postgres://``) URL."""
-    return isinstance(value, str) and value.split("://", 1)[0].lower() in ("postgresql",
-                                                                          "postgres")
-
-
-#: Query parameters of a connection URL that carry a secret.
-_SECRET_PARAMS = frozenset({"password", "sslpassword", "passfile", "sslkey"})
-
-
-def _password_span(url: str) -> tuple[int, int] | None:
-    """Where the password of ``url``'s user part is (start, end), or None. The user part
-    ends at the last ``@`` before the first ``/``: libpq takes a password holding ``#`` or
-    ``?`` (where urlsplit would end it and see none). A password holding ``/`` (which libpq
-    does not take) is found too: it is still what the person typed as their password."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return None
-    authority = rest.split("/", 1)[0]
-    if "@" in authority:
-        user = authority.rsplit("@", 1)[0]
-    else:
-        user = rest.split("@", 1)[0] if "@" in rest else ""
-        if "?" in user or "=" in user:
-            return None  # an "@" in a query, not a user part
-    if ":" not in user:
-        return None
-    start = len(scheme) + len(sep) + user.index(":") + 1
-    return start, len(scheme) + len(sep) + len(user)
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (in the user part or the query), for messages and
-    records; anything else is left as it was written. A URL too malformed to take apart
-    (an unclosed ``[``) keeps only its scheme: nothing after it is shown."""
-    try:
-        urllib.parse.urlsplit(url).password  # noqa: B018 - a bad one is caught here
-    except ValueError:
-        return url.split("://", 1)[0] + "://…"
-    out = url
-    span = _password_span(out)
-    if span is not None:
-        out = out[:span[0]] + "***" + out[span[1]:]
-    base, mark, query = out.partition("?")
-    if mark and "://" in base:
-        out = base + mark + "&".join(
-            f"{item.split('=', 1)[0]}=***" if item.split("=", 1)[0].lower() in _SECRET_PARAMS
-            else item for item in query.split("&"))
-    return out
-
-
-def keys_folder() -> Path:
-    """Where PostgreSQL ledgers' record keys are kept by default, one file per ledger
-    (``<ledger id>.key``); hidden from every kernel."""
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return base / "host_kernel" / "ledger-keys"
-
-
-def key_path(ledger_id: str) -> Path:
-    """The key file of the ledger whose id (in its ``ledger_meta``) is ``ledger_id``:
-    ``$HOST_KERNEL_LEDGER_KEY`` when set, else ``<keys_folder>/<ledger_id>.key``."""
-    named = os.environ.get(KEY_ENV)
-    if named:
-        return Path(named)
-    if not ledger_id.isalnum():  # the id is read from the database: never a path
-        raise RecordRefused(f"the ledger's id {ledger_id[:40]!r} is not one host_kernel made",
-                            code="record_key_invalid")
-    return keys_folder() / f"{ledger_id}.key"
-
-
-def _make_key(path: Path) -> None:
-    """Write 32 random bytes to ``path`` (mode 0600) if no file is there: written whole
-    to a temporary file, then linked into place, so no reader ever sees a short key."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".key-", dir=path.parent)
-    try:
-        os.write(fd, os.urandom(KEY_BYTES))
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another writer made it first: theirs is the key
-    except OSError as exc:
-        raise RecordError(f"cannot create the ledger key {path}: {exc.strerror or exc}") from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        os.unlink(tmp)
-
-
-def read_key(path: Path) -> bytes:
-    """The record key in ``path``. Raises RecordRefused: ``record_key_missing`` (no file,
-    or unreadable), ``record_key_invalid`` (not 32 bytes)."""
-    return read_key_file(path, f"no record key: {path} does not exist (set {KEY_ENV} to "
-                               f"the key file the ledger's writers use)")
-
-
 def ledger_key(url: str, *, create: bool = True) -> bytes:
     """The record key of the PostgreSQL ledger at ``url``, as its writers use it.
 
@@ -274,99 +179,10 @@ def ledger_key(url: str, *, create: bool = True) -> bytes:
         return read_key(key_path(reader.ledger_id()))
 
 
-def _key_check(key: bytes) -> str:
-    return hmac.digest(key, _KEY_CHECK, "sha256").hex()
-
-
 def _lock_id(session: str) -> int:
     """The advisory lock number of a session: 8 bytes of its sha256, as a signed bigint."""
     return int.from_bytes(hashlib.sha256(b"hk-session:" + session.encode("utf-8",
                                          "surrogatepass")).digest()[:8], "big", signed=True)
-
-
-@functools.lru_cache(maxsize=512)
-def _pg_sql(sql: str) -> str:
-    """SQLite's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled),
-    outside quoted strings; the SQL the ledger's callers write is otherwise the same."""
-    out: list[str] = []
-    quote: str | None = None
-    for ch in sql:
-        if quote is not None:
-            out.append("%%" if ch == "%" else ch)
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-            out.append(ch)
-        elif ch == "?":
-            out.append("%s")
-        elif ch == "%":
-            out.append("%%")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _no_nul(value: Any) -> Any:
-    return value.replace("\x00", "\ufffd") if isinstance(value, str) and "\x00" in value \
-        else value
-
-
-class Row(tuple[Any, ...]):
-    """A result row read by index or by column name, like :class:`sqlite3.Row`."""
-
-    _index: dict[str, int] = {}
-
-    def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, str):
-            return tuple.__getitem__(self, self._index[key])
-        return tuple.__getitem__(self, key)
-
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-
-def _row_factory(cursor: Any) -> Any:
-    names = [c.name for c in cursor.description or ()]
-    cls = type("Row", (Row,), {"_index": {n: i for i, n in enumerate(names)}})
-    return lambda values: cls(values)
-
-
-class _Projector:
-    """What :func:`project` needs of a connection, over a psycopg one."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self._conn.execute(_pg_sql(sql), [_no_nul(p) for p in params])
-
-
-def _url_secrets(url: str) -> list[str]:
-    """The secrets written in ``url`` (its password, and the values of the query's secret
-    parameters), as written and percent-decoded, longest first; found without
-    :func:`urllib.parse.urlsplit`, which refuses some URLs libpq still quotes back."""
-    found: list[str] = []
-    span = _password_span(url)
-    if span is not None:
-        found.append(url[span[0]:span[1]])
-    rest = url.split("://", 1)[-1] if span is None else url[span[1]:]
-    if "?" in rest:
-        for item in rest.split("?", 1)[1].split("&"):
-            name, _, value = item.partition("=")
-            if name.lower() in _SECRET_PARAMS:
-                found.append(value)
-    found += [urllib.parse.unquote(v) for v in found]
-    return sorted({v for v in found if v}, key=len, reverse=True)
-
-
-def _pg_error(exc: Exception, doing: str, url: str) -> RecordError:
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    # libpq quotes back the parts of a URL it cannot parse, a password among them.
-    message = message.replace(url, redact_url(url))
-    for secret in _url_secrets(url):
-        message = message.replace(secret, "***")
-    return RecordError(f"cannot {doing} (PostgreSQL ledger at {redact_url(url)}): {message}")
 
 
 class PostgresLedger:
@@ -773,110 +589,6 @@ def _one(cursor: Any) -> Any:
     return row[0]
 
 
-#: The Python type each column of ``events`` reads back as, as the schema made it.
-_EVENT_TYPES: dict[str, tuple[type, ...]] = {
-    "seq": (int,), "n": (int,), "ts": (float,), "session": (str,), "kind": (str,),
-    "body": (str,), "prev": (str,), "hash": (str,), "mac": (str, type(None))}
-
-
-def _odd_columns(r: Any) -> list[str]:
-    """The columns of an events row that do not hold what the schema makes them hold (a
-    column whose type was changed, or whose NOT NULL was dropped): such a row is never
-    hashed or compared, only reported."""
-    return [c for c, types in _EVENT_TYPES.items()
-            if c in r.keys() and type(r[c]) not in types]
-
-
-def _seq_of(r: Any) -> int:
-    """The row's ``seq`` for a ChainProblem (0 when it is not a number)."""
-    return r["seq"] if type(r["seq"]) is int else 0
-
-
-def _advance(r: Any, prev: str, expected: int, prev_seq: int) -> tuple[str, int, int]:
-    """What the next event of the chain is checked against after ``r``: its hash, its
-    place ``n + 1``, its ``seq`` (what was expected, where ``r`` holds no usable value)."""
-    return (r["hash"] if type(r["hash"]) is str else prev,
-            r["n"] + 1 if type(r["n"]) is int else expected + 1,
-            r["seq"] if type(r["seq"]) is int else prev_seq)
-
-
-def _link_problems(r: Any, prev: str, expected: int, key: bytes | None,
-                   prev_seq: int = 0) -> list[ChainProblem]:
-    """What is wrong with one event of a session's chain, given the one before it (its
-    hash, its place ``n``, its ``seq``)."""
-    odd = _odd_columns(r)
-    if odd:
-        verb = "holds" if len(odd) == 1 else "hold"
-        return [ChainProblem(_seq_of(r), f"its {', '.join(odd)} {verb} no value of the "
-                                         f"column's type (the events table was altered)")]
-    problems: list[ChainProblem] = []
-    seq, n = r["seq"], r["n"]
-    if seq <= prev_seq:  # seq is not hashed; its order within a session is checked here
-        problems.append(ChainProblem(seq, f"its seq comes before that of the session's event "
-                                          f"{expected - 1} (events reordered)"))
-    if n != expected:
-        problems.append(ChainProblem(seq, f"the session's chain jumps from event {expected - 1}"
-                                          f" to {n} (events deleted)"))
-    if r["prev"] != prev:
-        problems.append(ChainProblem(seq, "previous-hash link does not match the session's "
-                                          "event before"))
-    if event_hash(r["prev"], n, r["session"], r["ts"], r["kind"], r["body"]) != r["hash"]:
-        problems.append(ChainProblem(seq, f"{r['kind']} event content does not match its hash "
-                                          f"(edited)"))
-    if key is not None:
-        if r["mac"] is None:
-            problems.append(ChainProblem(seq, "has no MAC (not written by a holder of the "
-                                              "record key)"))
-        elif not _mac_ok(key, r["hash"], r["mac"]):
-            problems.append(ChainProblem(seq, "its MAC does not match the record key (not "
-                                              "written by a holder of the key)"))
-    return problems
-
-
-def session_chain_problems(ledger: PostgresLedger, session: str | None = None,
-                           key: bytes | None = None) -> list[ChainProblem]:
-    """Walk each session's chain (or ``session``'s): every break, and, with ``key``, every
-    event its MAC does not vouch for; also a session whose recorded head is not its last
-    event (its tail removed). Empty when intact."""
-    problems: list[ChainProblem] = []
-    where, params = ("WHERE session = ?", (session,)) if session is not None else ("", ())
-    current: str | None = None
-    prev, expected, prev_seq = GENESIS, 1, 0
-    last: dict[str, tuple[int, str]] = {}
-    for r in ledger.query(f"SELECT n, {_EVENT_COLUMNS} FROM events {where} "
-                          f"ORDER BY session, n", params):
-        if r["session"] != current:
-            current, prev, expected, prev_seq = r["session"], GENESIS, 1, 0
-        problems.extend(_link_problems(r, prev, expected, key, prev_seq))
-        prev, expected, prev_seq = _advance(r, prev, expected, prev_seq)
-        if type(r["session"]) is str:  # else reported above: no chain to end
-            last[r["session"]] = (r["n"], r["hash"])
-    for h in ledger.query(f"SELECT session, n, hash, seq FROM heads {where}", params):
-        if h["n"] == 0:
-            continue
-        have = last.get(h["session"])
-        if have is None or have != (h["n"], h["hash"]):
-            problems.append(ChainProblem(h["seq"] if type(h["seq"]) is int else 0,
-                                         f"session {h['session']}'s chain should end "
-                                                   f"at its event {h['n']}, and it does not "
-                                                   f"(events removed or rewritten)"))
-    return sorted(problems, key=lambda p: p.seq)
-
-
-def session_mac_problems(ledger: PostgresLedger, key: bytes,
-                         session: str | None = None) -> list[ChainProblem]:
-    """Every event (of ``session``, when given) whose MAC ``key`` does not vouch for, in
-    ``seq`` order; a row whose hash or MAC is not text (the table altered) among them."""
-    where, params = ("WHERE session = ?", (session,)) if session is not None else ("", ())
-    return [ChainProblem(r["seq"] if type(r["seq"]) is int else 0,
-                         "has no MAC (not written by a holder of the record key)"
-                         if r["mac"] is None else "its MAC does not match the record key "
-                                                  "(not written by a holder of the key)")
-            for r in ledger.query(f"SELECT seq, hash, mac FROM events {where} ORDER BY seq",
-                                  params)
-            if type(r["hash"]) is not str or not _mac_ok(key, r["hash"], r["mac"])]
-
-
 def check_key(ledger: PostgresLedger, key: bytes) -> None:
     """Refuse (``record_key_invalid``) a key that is not the one the ledger's writers
     checked in (its ``key_check``): one clear refusal rather than every event's MAC
@@ -887,40 +599,3 @@ def check_key(ledger: PostgresLedger, key: bytes) -> None:
         raise RecordRefused(f"the record key given is not the key of the ledger at "
                             f"{redact_url(ledger.url)} (its writers use another one); point "
                             f"{KEY_ENV} at the ledger's key file", code="record_key_invalid")
-
-
-def session_starts(ledger: PostgresLedger, key: bytes | None) -> list[tuple[str, float | None]]:
-    """Every session of the ledger (with events, or only a ``heads`` row), in the order
-    they started, with the time its first event vouches for: None when that event is
-    missing, was edited, or (with ``key``) carries no valid MAC, so that a selection by
-    time never leaves out a session whose start cannot be trusted."""
-    found: dict[str, tuple[int, float | None]] = {}
-    for r in ledger.query(f"SELECT DISTINCT ON (session) n, {_EVENT_COLUMNS} FROM events "
-                          f"ORDER BY session, n"):
-        if type(r["session"]) is not str:
-            continue  # no session can be named by it; a whole-ledger audit reports it
-        trusted = not _link_problems(r, GENESIS, 1, key)
-        found[r["session"]] = (r["seq"] if trusted else 0, r["ts"] if trusted else None)
-    for h in ledger.query("SELECT session FROM heads WHERE n <> 0"):
-        if type(h["session"]) is str and h["session"] not in found:
-            found[h["session"]] = (0, None)  # its events are gone: its head says it had some
-    return [(s, ts) for s, (_, ts) in sorted(found.items(), key=lambda item: item[1][0])]
-
-
-def replay_problems(rows: Sequence[Any], key: bytes | None) -> None:
-    """Check the rows a replay is about to fold (``seq`` order, whole sessions): each
-    session's chain from its first event, and with ``key`` every MAC. Raises
-    RecordRefused (``chain_broken`` or ``event_unauthenticated``) at the first problem,
-    so what is replayed is what was checked, row for row."""
-    state: dict[str, tuple[str, int, int]] = {}  # session: (prev hash, next n, last seq)
-    for r in rows:
-        session = r["session"] if type(r["session"]) is str else repr(r["session"])
-        prev, expected, prev_seq = state.get(session, (GENESIS, 1, 0))
-        problems = _link_problems(r, prev, expected, key, prev_seq)
-        if problems:
-            forged = [p for p in problems if "MAC" in p.problem]
-            raise RecordRefused(f"the events read for the replay do not hold together "
-                                f"({problems[0]}); the record was altered",
-                                code="event_unauthenticated" if forged and len(forged) ==
-                                len(problems) else "chain_broken")
-        state[session] = _advance(r, prev, expected, prev_seq)

@@ -6,7 +6,7 @@ hash chain checked, every MAC checked when the record key can be read, the
 projection rebuilt from the events alone and compared with the projection
 tables on disk. It hands back only the rebuilt projection, so a stored value
 that disagrees with the events is never shown; it refuses the record instead,
-with a :class:`~host_kernel.store.ledger.RecordRefused` whose ``code`` says
+with a :class:`~host_kernel.store.base.RecordRefused` whose ``code`` says
 why. It also owns :func:`projection_drift`, the comparison that ``audit``
 reports finding by finding, and :func:`record_folder`, how a reader turns the
 path it was given (a record folder or a workspace) into a record folder.
@@ -24,16 +24,12 @@ from typing import Any, overload
 
 from .._errors import RecordError
 from .._paths import LEDGER_NAME, LEGACY_RECORD_NAME, default_record_dir, find_record
-from .ledger import (
-    PROJECTION_TABLES,
-    Ledger,
-    RecordRefused,
-    SQLiteLedger,
-    check_chain,
-    check_macs,
-    load_record_key,
-    rebuild,
-)
+from .base import Ledger, RecordRefused
+from .chain import check_chain, check_macs, session_mac_problems
+from .keys import key_path, load_record_key, read_key
+from .pgwire import redact_url
+from .projection import PROJECTION_TABLES
+from .sqlite import SQLiteLedger, rebuild
 
 __all__ = ["Drift", "LedgerRecord", "event_count", "open_verified", "open_verified_ledger",
            "projection_drift", "record_folder"]
@@ -51,8 +47,6 @@ class LedgerRecord:
     session: str | None = None
 
     def __str__(self) -> str:
-        from .pg import redact_url
-
         return f"--ledger {redact_url(self.url)}" + (
             f" session {self.session}" if self.session else "")
 
@@ -231,20 +225,13 @@ def open_verified_ledger(url: str, session: str | None = None, *,
     one read-only snapshot of the database.
 
     ``key``: the ledger's record key (default: its key file, as
-    :func:`host_kernel.store.pg.key_path` finds it). Unlike a SQLite record, whose folder
+    :func:`host_kernel.store.keys.key_path` finds it). Unlike a SQLite record, whose folder
     Landlock keeps from the kernel, a database on the network may have writers without
     the key: a PostgreSQL ledger is never shown without its MACs checked, and a missing
     key is ``record_key_missing``. Refuses with the same codes as :func:`open_verified`;
     ``record_missing`` when ``session`` has no events there.
     """
-    from .pg import (
-        PostgresLedger,
-        check_key,
-        key_path,
-        read_key,
-        redact_url,
-        session_mac_problems,
-    )
+    from .pg import PostgresLedger, check_key
 
     where = f"--ledger {redact_url(url)}"
     with PostgresLedger.open_readonly(url) as stored, stored.snapshot():
