@@ -12,7 +12,7 @@
 The model is the tests' scripted OpenAI-compatible server on 127.0.0.1
 (tests/scripted_llm.py), so what is timed is ours, not a provider's.
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers :data:`AGENT`).
+(benchmarks/registry.py lists :data:`AGENT`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.run import REPO, Plan, Result, interleaved, scratch, timed
+from benchmarks._harness import REPO, Plan, Result, interleaved, scratch, timed
 from host_kernel import Host
 from host_kernel.agent.conversation import Conversation, rebuild
 from host_kernel.agent.events import (

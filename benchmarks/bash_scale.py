@@ -6,7 +6,7 @@ this repository, and data: many small files plus sparse large ones), built once;
 it a cell running ``host.bash("true")`` is timed against a cell running
 ``subprocess.run(["true"])`` in the same kernel, interleaved, medians. The first
 call of each of several fresh Hosts is timed apart from later calls (a Limit).
-benchmarks/run.py registers :data:`BASH_SCALE`.
+benchmarks/registry.py lists :data:`BASH_SCALE`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from host_kernel import Host
 
-from .run import REPO, Limit, Plan, Result, interleaved, run_cell, scratch
+from ._harness import REPO, Limit, Plan, Result, interleaved, run_cell, scratch
 
 __all__ = ["BASH_SCALE", "build_workspace"]
 

@@ -16,7 +16,7 @@
   measured once for the notes.
 
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers :data:`BATCH`).
+(benchmarks/registry.py lists :data:`BATCH`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from benchmarks.run import Plan, Result, interleaved, scratch
+from benchmarks._harness import Plan, Result, interleaved, scratch
 
 __all__ = ["BATCH"]
 

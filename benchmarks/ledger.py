@@ -4,8 +4,8 @@ with several writers at once, and ``audit --ledger`` over a night's worth of ses
 The PostgreSQL server is the tests' own (tests/_pg.py: initdb and pg_ctl in a temporary
 folder, fsync on, on this machine's disk), started once for these benchmarks and removed
 after. Every append is a whole transaction, committed, as a Host makes it.
-It does not own the timing discipline, the report or the registry (benchmarks/run.py
-registers :data:`LEDGER`).
+It does not own the timing discipline, the report or the registry (benchmarks/registry.py
+lists :data:`LEDGER`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from benchmarks.run import REPO, Plan, Result, interleaved, scratch, timed
+from benchmarks._harness import REPO, Plan, Result, interleaved, scratch, timed
 from host_kernel.audit import audit_ledger
 from host_kernel.store.ledger import SQLiteLedger
 from host_kernel.store.pg import PostgresLedger

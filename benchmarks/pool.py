@@ -2,13 +2,13 @@
 
 ``warm_start`` times ``Host(workdir, pool=pool).start()`` with a standby ready
 in the pool, against a plain ipykernel's start through jupyter_client
-(:class:`benchmarks.run.BareKernel`), and holds it to an absolute bound too.
+(:class:`benchmarks._harness.BareKernel`), and holds it to an absolute bound too.
 ``restart_spare`` times ``Host.restart()`` up to the next cell's Observation
 with a spare kernel waiting, against ``KernelManager.restart_kernel()`` on a
 plain ipykernel up to its next ``execute`` reply.
 
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers :data:`POOL`).
+(benchmarks/registry.py lists :data:`POOL`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Callable
 
-from benchmarks.run import (
+from benchmarks._harness import (
     BareKernel,
     Limit,
     Plan,
@@ -100,9 +100,9 @@ def bench_restart_spare(plan: Plan) -> Result:
 
 def _wait_for_spare(host: Host, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while host._spare_kernel is None:
+    while host.generations.spare_kernel is None:
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no spare kernel started: {host._spare_error}")
+            raise RuntimeError(f"no spare kernel started: {host.generations.spare_error}")
         time.sleep(0.01)
     time.sleep(0.2)  # as a person would: a restart comes a moment after the last cell
 

@@ -11,7 +11,7 @@ frontend connects), interleaved in one run:
   Kernel* calls) until the next cell's ``execute_reply`` arrives; its notes give the
   absolute median against :data:`RESTART_GOAL`.
 
-Registered by ``_register_fronts`` in benchmarks/run.py.
+Listed by benchmarks/registry.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from jupyter_client.manager import KernelManager
 
-from benchmarks.run import Limit, Plan, Result, env_var, interleaved, scratch
+from benchmarks._harness import Limit, Plan, Result, env_var, interleaved, scratch
 from host_kernel.control.kernelspec import install
 
 __all__ = ["BASELINE", "RELAY_BASELINE", "RELAY_OURS", "RESTART_GOAL", "RESTART_OURS",
@@ -190,7 +190,7 @@ def bench_control_restart(plan: Plan) -> Result:
 if __name__ == "__main__":  # pragma: no cover - python -m benchmarks.relay [--quick] [NAME...]
     import sys
 
-    from benchmarks.run import fmt_seconds
+    from benchmarks._harness import fmt_seconds
 
     benches = {"control_start": bench_control_start, "relay_roundtrip": bench_relay_roundtrip,
                "control_restart": bench_control_restart}

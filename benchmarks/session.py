@@ -20,7 +20,7 @@ displayed value, now and then a ``host.write_file``). It reports:
   of the long one over the short one (linear is 1.0; target ≤ 1.25 each).
 
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers it in ``_register_fronts``).
+(benchmarks/registry.py lists it).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.run import Limit, Plan, Result, RssSampler, interleaved, run_cell, scratch
+from benchmarks._harness import Limit, Plan, Result, RssSampler, interleaved, run_cell, scratch
 from host_kernel import Host
 from host_kernel.audit import audit
 from host_kernel.export import export_notebook

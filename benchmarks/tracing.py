@@ -4,14 +4,14 @@ Each benchmark runs the same cell in three kernels, started side by side in one
 run and timed in one loop that rotates which goes first: a traced ``Host()``
 (ours), a ``Host(trace=False)`` (confined, lineage from the kernel's audit hook
 instead) and a plain ipykernel driven by jupyter_client (the baseline,
-:class:`benchmarks.run.BareKernel`). The ratio is ``Host()`` ÷ bare; the notes
+:class:`benchmarks._harness.BareKernel`). The ratio is ``Host()`` ÷ bare; the notes
 give ``Host(trace=False)`` beside it and ``Host()`` ÷ ``Host(trace=False)``, the
 tracer's own cost. ``trace_files`` also times the bare kernel started under
 ``strace -f --seccomp-bpf -e trace=openat``, the usual way to watch opens
 from outside, when ``strace`` works here.
 
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers :data:`TRACING`).
+(benchmarks/registry.py lists :data:`TRACING`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.run import MIB, BareKernel, Plan, Result, fmt_seconds, run_cell, scratch, timed
+from benchmarks._harness import MIB, BareKernel, Plan, Result, fmt_seconds, run_cell, scratch, timed
 from host_kernel import Host
 
 __all__ = ["TRACING", "rotated"]
@@ -302,7 +302,7 @@ def bench_trace_start(plan: Plan) -> Result:
     return _result("trace_start", 1.1, times, f"{n} starts each, each in a new workspace")
 
 
-#: (name, target, ours, baseline, run), registered by benchmarks/run.py in this order.
+#: (name, target, ours, baseline, run), listed by benchmarks/registry.py in this order.
 TRACING: tuple[tuple[str, float, str, str, Callable[[Plan], Any]], ...] = (
     ("trace_files", 1.6,
      "a cell `for p in paths: open(p).read()` over 10,000 small workspace files (2,000 with "

@@ -8,7 +8,7 @@ record: the verified read every reader must do. The ratio is what the viewer add
 to it.
 
 It does not own the timing discipline, the report or the registry
-(benchmarks/run.py registers :data:`VIEWER`).
+(benchmarks/registry.py lists :data:`VIEWER`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
-from benchmarks.run import Plan, Result, interleaved, scratch, timed
+from benchmarks._harness import Plan, Result, interleaved, scratch, timed
 from host_kernel import Host
 from host_kernel.store.verified import open_verified
 from host_kernel.viewer import ViewerServer

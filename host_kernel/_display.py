@@ -2,32 +2,37 @@
 
 Owns the pieces every card is made of (a coloured status badge, shortened
 hashes and ids with the whole value on hover, human-readable sizes, output
-tails), IPython's display protocol around them (:func:`mimebundle`), and the
-card of each value (``receipt_html``, ``verdict_markdown``, …). The values
-(:mod:`host_kernel._models`, :class:`~host_kernel.lineage.graph.Lineage`) call
-these from their ``_repr_*_`` methods; they are not evidence, only a view.
+tails) and the card of each value (``receipt_html``, ``verdict_markdown``, …),
+which it registers for the value types (:mod:`host_kernel._values`,
+:class:`~host_kernel.lineage.model.Lineage`) in the table their ``_repr_*_``
+methods look in (:mod:`host_kernel._displayed`, which also owns IPython's
+display protocol around them, :func:`mimebundle`). The cards are not
+evidence, only a view; the values do not import this module.
 
 Everything shown comes from a record an agent wrote, so every string is escaped
 (:func:`esc` for HTML, :func:`md` and :func:`fence` for Markdown) before it is
 placed. Styles are inline (some frontends strip ``<style>``) and use borders
 and translucent backgrounds, never a hard white, so cards read in light and
-dark themes. The plain-text form stays the value's ``repr``-like text: it is
-what a terminal shows, and what an agent reads in an Observation.
+dark themes. The plain-text form stays the value's ``repr``-like text
+(:func:`verdict_text` is a verdict's, kept with the values): it is what a
+terminal shows, and what an agent reads in an Observation.
 
-Imported by the kernel on first display only; it needs nothing but the
-standard library.
+Imported with the values, by the modules that hand them out
+(:mod:`host_kernel._models`, :mod:`host_kernel.lineage.graph`); it needs
+nothing but the standard library.
 """
 
 from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers only
-    from ._models import Artifact, FileRecord, Observation, Receipt, Verdict
-    from .lineage.graph import Lineage
+from ._displayed import mimebundle, register
+from ._values import Artifact, FileRecord, Observation, Receipt, Verdict, verdict_text
+from .lineage.model import Lineage
+from .lineage.svg import lineage_svg, short_name
 
 __all__ = [
     "TONES",
@@ -194,25 +199,6 @@ def fence(text: str) -> str:
     return f"{bar}\n{_CONTROL.sub(chr(0xFFFD), text)}\n{bar}"
 
 
-def mimebundle(
-    renderers: Mapping[str, Callable[[], Any]],
-    include: Iterable[str] | None = None,
-    exclude: Iterable[str] | None = None,
-) -> dict[str, Any]:
-    """IPython's ``_repr_mimebundle_``: each media type asked for, rendered only if asked.
-
-    ``text/plain`` is always there unless excluded by name: frontends without
-    rich output, and the Host's Observation text, read it.
-    """
-    wanted = set(include) if include else None
-    unwanted = set(exclude) if exclude else set()
-    return {
-        mime: render()
-        for mime, render in renderers.items()
-        if mime not in unwanted and (wanted is None or mime in wanted or mime == "text/plain")
-    }
-
-
 # --------------------------------------------------------------------------- the cards
 
 
@@ -325,20 +311,6 @@ def _ordered_checks(v: Verdict) -> list[tuple[str, str, Any]]:
     return failed + advice + passed
 
 
-def verdict_text(v: Verdict) -> str:
-    """The compact one-line form (``repr``) of a verdict."""
-    blocking = [c.code for c in v.failed if not c.advisory]
-    advice = [c.code for c in v.failed if c.advisory]
-    passed = sum(1 for c in v.checks if c.ok)
-    text = (f"Verdict({v.submission_id}, {'accepted' if v.accepted else 'refused'}, "
-            f"{v.mode}{' armed' if v.armed else ''}, {passed}/{len(v.checks)} checks passed")
-    if blocking:
-        text += "; failed: " + ", ".join(blocking)
-    if advice:
-        text += "; advice: " + ", ".join(advice)
-    return text + ")"
-
-
 def verdict_html(v: Verdict) -> str:
     tone = "ok" if v.accepted else "bad"
     heading = (f"{badge('accepted' if v.accepted else 'refused', tone)} <b>Verdict</b> "
@@ -386,8 +358,6 @@ def _kind_counts(g: Lineage) -> str:
 
 
 def lineage_html(g: Lineage) -> str:
-    from .lineage.svg import lineage_svg, short_name
-
     root = next((n for n in g.nodes if n.id == g.root), None)
     name = root.label if root else g.root
     heading = (f"{badge('lineage', 'info')} <b>Lineage</b> of <code>{esc(name)}</code> "
@@ -435,3 +405,14 @@ def observation_markdown(o: Observation) -> str:
     if o.notice:
         out += f"\nnotice: {md(o.notice)}\n"
     return out
+
+
+# --------------------------------------------------------------------------- registered
+
+register(Observation, {"text/html": observation_html, "text/markdown": observation_markdown})
+register(FileRecord, {"text/html": file_html, "text/markdown": file_markdown})
+register(Receipt, {"text/html": receipt_html, "text/markdown": receipt_markdown})
+register(Artifact, {"text/html": artifact_html, "text/markdown": artifact_markdown})
+register(Verdict, {"text/html": verdict_html, "text/markdown": verdict_markdown})
+register(Lineage, {"text/html": lineage_html, "text/markdown": lineage_markdown,
+                   "image/svg+xml": lineage_svg})

@@ -1,6 +1,6 @@
 """A lineage graph drawn as one self-contained SVG document.
 
-Owns laying out a :class:`~host_kernel.lineage.graph.Lineage` in layers and
+Owns laying out a :class:`~host_kernel.lineage.model.Lineage` in layers and
 writing it as SVG text: no fonts, stylesheets or scripts from elsewhere, so the
 same string works inline in a notebook's HTML output, as ``image/svg+xml`` and
 in the record viewer. It does not read the record (the graph is given) and it
@@ -27,7 +27,7 @@ import html
 import re
 from collections import deque
 
-from .graph import Lineage, LineageEdge, LineageNode
+from .model import Lineage, LineageEdge, LineageNode
 
 __all__ = ["MAX_SVG_NODES", "lineage_svg", "short_name"]
 
