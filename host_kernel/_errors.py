@@ -12,8 +12,8 @@ can act on. The tree::
     │   └── StorageError        the record or blob store could not be written
     ├── SubmissionRefused       submit_output checks failed (carries the Verdict)
     ├── RecordError             the record cannot be read or is inconsistent
-    │   ├── RecordRefused       a reader or writer will not use the record as it is (store/ledger.py)
-    │   └── ForeignEventError   events behind the Host's back stop its next append (store/ledger.py)
+    │   ├── RecordRefused       a reader or writer will not use the record as it is (store/base.py)
+    │   └── ForeignEventError   events behind the Host's back stop its next append (store/base.py)
     └── KernelError             the kernel could not be started or reached
         └── ConfinementError    confinement required but unavailable, or impossible as asked
 

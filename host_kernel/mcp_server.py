@@ -47,6 +47,7 @@ from typing import Any, Final, cast
 from ._version import __version__
 from .agent.worker import HostThread
 from .host._host import Host
+from .host._options import HostOptions
 
 __all__ = ["TOOL_NAMES", "build_server", "serve"]
 
@@ -279,8 +280,8 @@ def serve(workdir: str | os.PathLike[str], *, mode: str | None = None,
     signal.signal(signal.SIGTERM, _terminate)
     worker = HostThread("mcp-host")
     # spare: the next generation's kernel waits started, so restart_kernel is a swap.
-    host = Host(Path(workdir), mode=mode, record_dir=record_dir, front="mcp", spare=True,
-                ledger=ledger, blobs=blobs)
+    host = Host(Path(workdir), mode=mode, record_dir=record_dir,
+                options=HostOptions(front="mcp", spare=True, ledger=ledger, blobs=blobs))
     try:
         worker.call(host.start)
         stderr.write(f"host-kernel mcp {__version__}: serving {host.workdir} (mode "

@@ -1,6 +1,6 @@
 """Checking ``output`` against a submitter's ``output_schema``, with bounds.
 
-Owns one question for the verifier (host_kernel/verify.py): does ``output``
+Owns one question for the verifier (host_kernel/verify/): does ``output``
 match the JSON Schema the submitter gave, decided without letting that schema
 hold the Host. The schema's size, nesting and shape are bounded first; then every
 keyword application draws a step from one budget, patterns compile and match

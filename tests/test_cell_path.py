@@ -23,7 +23,7 @@ from host_kernel import Host
 from host_kernel._paths import default_record_dir
 from host_kernel.audit import audit
 from host_kernel.export import export_notebook
-from host_kernel.host._host import _Outputs, _Run
+from host_kernel.host._outputs import CellRun, Outputs
 from host_kernel.host._kernel import kernel_argv
 from host_kernel.store.ledger import SQLiteLedger, check_chain
 
@@ -226,7 +226,7 @@ def test_the_host_keeps_only_signed_unreplayed_replies_to_its_own_request() -> N
     forged = forger.serialize(forger.msg("status", {"execution_state": "idle"},
                                          parent=request))
     stray = ours.serialize(ours.msg("status", {"execution_state": "idle"}, parent=other))
-    run = _Run(ours, request["header"]["msg_id"])
+    run = CellRun(ours, request["header"]["msg_id"])
     socket = _Socket([forged, stray, reply, list(reply), [b"junk"]])
     assert run.receive(socket) is None  # signed with another key
     assert run.receive(socket) is None  # answers another request
@@ -238,7 +238,7 @@ def test_the_host_keeps_only_signed_unreplayed_replies_to_its_own_request() -> N
 
 
 def test_outputs_handed_out_are_not_changed_by_later_messages() -> None:
-    outputs = _Outputs()
+    outputs = Outputs()
 
     def stream(text: str) -> dict[str, Any]:
         return {"msg_type": "stream", "header": {"msg_type": "stream"},
@@ -254,7 +254,7 @@ def test_outputs_handed_out_are_not_changed_by_later_messages() -> None:
 
 
 def test_an_output_nbformat_cannot_hold_is_left_out_not_raised() -> None:
-    outputs = _Outputs()
+    outputs = Outputs()
     outputs.add({"msg_type": "display_data", "header": {"msg_type": "display_data"},
                  "content": {"data": 5, "metadata": {}}})
     outputs.add({"msg_type": "stream", "header": {"msg_type": "stream"},

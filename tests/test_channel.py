@@ -49,7 +49,7 @@ def test_ping_from_a_thread_that_outlives_its_cell_is_refused(host: Host) -> Non
 
 def test_token_of_generation_1_is_refused_in_generation_2(host: Host) -> None:
     host.execute("import os; old = os.environ['HOST_KERNEL_TOKEN']")
-    token = host._kernel.token  # type: ignore[union-attr]
+    token = host.generations.kernel.token  # type: ignore[union-attr]
     host.restart()
     # A process of the new generation replays the old token, as a leftover child would.
     obs = host.execute(

@@ -316,7 +316,7 @@ def test_minted_cell_ids_never_begin_like_an_option() -> None:
 def test_show_takes_an_older_cell_id_that_begins_with_a_dash_after_a_double_dash(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import host_kernel.host._host as host_module
+    import host_kernel.host._cells as host_module
 
     (tmp_path / "ws").mkdir()
     record = tmp_path / "record"

@@ -91,7 +91,7 @@ def test_writes_outside_the_workspace_and_to_shared_tmp_are_denied(confined: Hos
 def test_other_sessions_runtime_folders_are_hidden(confined: Host) -> None:
     # Every Host's socket folder (with its kernels' connection files and HMAC keys)
     # lives under the temp root; a confined kernel may not even list it.
-    runtime_parent = str(Path(confined._runtime_dir).parent)  # type: ignore[arg-type]
+    runtime_parent = str(Path(confined.generations.runtime_dir).parent)  # type: ignore[arg-type]
     _denied(confined, f"import os\nos.listdir({runtime_parent!r})")
 
 

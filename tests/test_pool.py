@@ -158,7 +158,7 @@ def test_the_pools_domain_stays_under_the_sessions(roots: Path, tmp_path: Path,
             assert host.execute("open('f.txt', 'w').write('x')").status == "ok"
             cold_tmp = host.execute("import os; print(os.environ['TMPDIR'])").text.strip()
         assert pool.wait_ready(90)
-        import host_kernel.host._host as host_module
+        import host_kernel.host._generations as host_module
         monkeypatch.setattr(host_module, "uncovered", lambda broad, narrow: [])
         with Host(outside, pool=pool) as host:
             assert _warm(host)["used"] is True, _warm(host)
@@ -341,29 +341,29 @@ def test_a_pools_kernels_end_when_its_process_is_killed(tmp_path: Path) -> None:
 def test_a_restart_swaps_in_the_spare_and_a_new_spare_is_started(workdir: Path) -> None:
     with Host(workdir, spare=True) as host:
         host.execute("x = 1")
-        _until(lambda: host._spare_kernel is not None, 90)
-        spare = host._spare_kernel
+        _until(lambda: host.generations.spare_kernel is not None, 90)
+        spare = host.generations.spare_kernel
         assert spare is not None and spare.generation == 2
         assert host.restart() == 2
-        assert host._kernel is spare
+        assert host.generations.kernel is spare
         assert host.execute("print('x' in globals())").text.strip().endswith("False")
         out = host.execute("import os; print(os.environ['HOST_KERNEL_GENERATION'])")
         assert out.text.strip().endswith("2")
         assert _generations(host)[-1]["spare"] == {"used": True}
-        _until(lambda: host._spare_kernel is not None, 90)
-        assert host._spare_kernel is not None and host._spare_kernel.generation == 3
-        assert host._spare_kernel.pid != spare.pid
+        _until(lambda: host.generations.spare_kernel is not None, 90)
+        assert host.generations.spare_kernel is not None and host.generations.spare_kernel.generation == 3
+        assert host.generations.spare_kernel.pid != spare.pid
 
 
 def test_a_spare_that_died_is_not_swapped_in(workdir: Path) -> None:
     with Host(workdir, spare=True) as host:
-        _until(lambda: host._spare_kernel is not None, 90)
-        spare = host._spare_kernel
+        _until(lambda: host.generations.spare_kernel is not None, 90)
+        spare = host.generations.spare_kernel
         assert spare is not None and spare.pid is not None
         os.kill(spare.pid, signal.SIGKILL)
         _until(lambda: not spare.is_alive())
         host.restart()
-        assert host._kernel is not spare
+        assert host.generations.kernel is not spare
         last = _generations(host)[-1]
         assert last["spare"] == {"used": False, "reason": "the spare kernel died while it waited"}
         assert host.execute("1 + 1").status == "ok"
@@ -371,11 +371,11 @@ def test_a_spare_that_died_is_not_swapped_in(workdir: Path) -> None:
 
 def test_a_kernel_death_is_recovered_on_the_spare(workdir: Path) -> None:
     with Host(workdir, spare=True) as host:
-        _until(lambda: host._spare_kernel is not None, 90)
-        spare = host._spare_kernel
+        _until(lambda: host.generations.spare_kernel is not None, 90)
+        spare = host.generations.spare_kernel
         died = host.execute("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
         assert died.status == "kernel_died"
-        assert host._kernel is spare
+        assert host.generations.kernel is spare
         assert _generations(host)[-1]["reason"] == "kernel_died"
         assert host.execute("2 + 2").status == "ok"
 
@@ -383,7 +383,7 @@ def test_a_kernel_death_is_recovered_on_the_spare(workdir: Path) -> None:
 def test_closing_a_host_ends_its_spare(workdir: Path) -> None:
     before = descendants(os.getpid())
     with Host(workdir, spare=True) as host:
-        _until(lambda: host._spare_kernel is not None, 90)
+        _until(lambda: host.generations.spare_kernel is not None, 90)
         tree = descendants(os.getpid()) - before
         assert len(tree) >= 2
     _gone(tree)

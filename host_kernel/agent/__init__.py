@@ -1,7 +1,12 @@
 """The reference notebook agent over a Host: prompt layers, the loop, its event stream.
 
 * :mod:`.layers`: the typed inventory of prompt layers and the assembly of a request;
-* :mod:`.loop`: :func:`run_agent`, one session from task to verdict;
+* :mod:`.loop`: :func:`run_agent`, one session from task to verdict (the
+  parts of its turn: :mod:`.session`, :mod:`.cells`, :mod:`.tools`,
+  :mod:`.forks`, :mod:`.resume`; what it returns: :mod:`.result`);
+* :mod:`.subtasks`: the sub-tasks ``host.delegate`` starts, each a child
+  session in a thread, bounded (:mod:`.delegation` wires them to
+  :func:`run_agent` for a Host made by hand);
 * :mod:`.events`: the typed events and their NDJSON log;
 * :mod:`.projection`: the frozen snapshot those events fold into, live or replayed;
 * :mod:`.commands`: ``host-kernel run``, ``trace`` and ``mcp``.

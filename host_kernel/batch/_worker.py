@@ -21,11 +21,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import TaskInvalid
 from ._summary import ArtifactBrief, TaskSummary, VerdictBrief
 from ._tasks import Task, _nbformat
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..host._options import HostOptions
 
 __all__ = ["FAILED_STATUSES", "Settings", "run_task"]
 
@@ -178,6 +181,15 @@ def _store_arguments(settings: Settings) -> dict[str, Any]:
     return out
 
 
+def _host_options(settings: Settings, pool: Any) -> HostOptions:
+    """How a notebook task's Host runs: the batch's one options record (its pool, what
+    each task's kernel is kept from, the shared stores)."""
+    from ..host._options import HostOptions
+
+    return HostOptions(front="batch", pool=pool, hide_paths=_hidden(settings),
+                       hide_env=_hidden_env(settings), **_store_arguments(settings))
+
+
 def run_task(task: Task, settings: Settings) -> TaskSummary:
     """Run one attempt of ``task`` here (in a Dask worker, with its pool; or in this process)
     and return its summary. Never raises for the task's own failures: they are its
@@ -249,9 +261,8 @@ def _run_notebook(task: Task, workspace: Path, record: str | None, settings: Set
     nb = _nbformat().read(workspace / Path(task.source).name, as_version=4)
     cells = [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
-    host = Host(workspace, mode=task.mode, record_dir=record, front="batch", pool=pool,
-                hide_paths=_hidden(settings), hide_env=_hidden_env(settings),
-                **_store_arguments(settings))
+    host = Host(workspace, mode=task.mode, record_dir=record,
+                options=_host_options(settings, pool))
     started(host.session_id)
     failed: tuple[int, str] | None = None
     with host:

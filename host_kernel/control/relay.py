@@ -48,7 +48,7 @@ import zmq
 from jupyter_client.session import Session
 
 from .._errors import HostKernelError
-from ..host._host import _Outputs
+from ..host._outputs import Outputs
 from ..host._relay_support import KernelSockets, RelayHost, ResumeState
 from .handover import leave_marker, marker_path, start_sentinel, take_marker
 from .wire import DELIM, Frames, Heartbeat, has_message, send_frames
@@ -90,7 +90,7 @@ class _Inflight:
     header: dict[str, Any]
     idents: list[bytes]
     stop_on_error: bool
-    outputs: _Outputs = field(default_factory=_Outputs)
+    outputs: Outputs = field(default_factory=Outputs)
     execution_count: int | None = None
     reply: Frames | None = None  # held until the cell is recorded
     idle: Frames | None = None   # likewise

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._errors import HostCallError
 from ..lineage.flow import OBSERVED, RECEIPT, TRACED, FlowTracker, Source, file_key
 from ..lineage.statements import observe
 from ._workspace import HashCache, Workspace, cached_sha256, file_sha256
 
-__all__ = ["CellIO", "SessionLineage"]
+__all__ = ["CellIO", "SessionLineage", "read_source"]
 
 #: Most files named on one command line that are linked as its inputs.
 MAX_COMMAND_INPUTS = 50
@@ -40,6 +41,17 @@ class CellIO:
     writes: list[str] = field(default_factory=list)
     loads: list[tuple[str, str, str]] = field(default_factory=list)  # artifact, path, sha
     collects: list[str] = field(default_factory=list)  # handles of sub-tasks collected
+
+
+def read_source(workspace: Workspace, path: str) -> str | None:
+    """The text of a workspace file a cell runs (``%run script.py``), or None."""
+    try:
+        _, fh = workspace.open_file(path)
+    except (HostCallError, OSError):
+        return None
+    with fh:
+        data = fh.read(1 << 20)
+    return data.decode("utf-8", "replace")
 
 
 class SessionLineage:

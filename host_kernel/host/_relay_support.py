@@ -24,9 +24,9 @@ from typing import Any
 
 from .._errors import KernelError, RecordError
 from .._ids import mint_cell_id
-from ..modes import TaskMode
 from ..store.ledger import check_chain
-from ._host import Host, HostState, _join, _RunningCell
+from ._cells import RunningCell, join
+from ._host import Host, HostState
 
 __all__ = ["KernelSockets", "RelayHost", "ResumeState"]
 
@@ -76,7 +76,7 @@ class KernelSockets:
 
 @dataclass(slots=True)
 class _Relayed:
-    running: _RunningCell
+    running: RunningCell
     started: float
 
 
@@ -95,7 +95,7 @@ class RelayHost(Host):
         self._resume = resume
         self._cell: _Relayed | None = None
         if resume is not None:
-            self.session_id = resume.session
+            self.record.session_id = resume.session
 
     # ------------------------------------------------------------------ session
 
@@ -108,9 +108,9 @@ class RelayHost(Host):
             super()._begin_session()
             return
         self._adopt(self._resume)
-        self._prior_generations = self._resume.generation
-        self._old_tokens.update(self._resume.tokens)
-        self._start_generation("restart")
+        self.generations.prior = self._resume.generation
+        self.generations.old_tokens.update(self._resume.tokens)
+        self.generations.start("restart")
 
     def _adopt(self, resume: ResumeState) -> None:
         """Take over the session's events as this process's anchor, if they are intact."""
@@ -133,11 +133,8 @@ class RelayHost(Host):
             else None
         if started is None or started.get("workdir") != str(self.workdir):
             raise RecordError(f"cannot continue session {resume.session} from {self.workdir}")
-        mode = started.get("mode") or {}
-        self.mode = TaskMode(str(mode.get("name")), bool(mode.get("armed")),
-                             tuple(mode.get("signals", ())))
-        self.request = started.get("request")
-        self._appended = mine
+        self.session.adopt_started(started)
+        self.record.appended = mine
 
     def suspend(self) -> ResumeState:
         """Stop the kernel and the record for a frontend restart, leaving the session open.
@@ -145,10 +142,10 @@ class RelayHost(Host):
         Returns what the next relay process needs to continue the session.
         """
         self._require_open()
-        assert self._kernel is not None
-        state = ResumeState(self.session_id, self._kernel.generation,
-                            tuple(sorted(self._old_tokens | {self._kernel.token})),
-                            max(self._appended), self._appended[max(self._appended)])
+        assert self.generations.kernel is not None
+        state = ResumeState(self.session_id, self.generations.kernel.generation,
+                            tuple(sorted(self.generations.old_tokens | {self.generations.kernel.token})),
+                            max(self.record.appended), self.record.appended[max(self.record.appended)])
         self._teardown()
         self.state = HostState.CLOSED
         return state
@@ -158,7 +155,7 @@ class RelayHost(Host):
     def kernel_sockets(self) -> KernelSockets:
         """The sockets of the generation running now (they change at every restart)."""
         self._require_open()
-        kernel = self._kernel
+        kernel = self.generations.kernel
         if kernel is None:
             raise KernelError("no kernel generation is running")
         kc = kernel.client
@@ -169,21 +166,21 @@ class RelayHost(Host):
     @property
     def runtime_dir(self) -> Any:
         """The private folder of the call socket and the kernel's IPC channels."""
-        return self._runtime_dir
+        return self.generations.runtime_dir
 
     def kernel_alive(self) -> bool:
-        return self._kernel is not None and self._kernel.is_alive()
+        return self.generations.kernel is not None and self.generations.kernel.is_alive()
 
     def interrupt_kernel(self, via: str) -> None:
         """Interrupt the kernel with a signal (for frontends that signal the relay)."""
         self.note("interrupt_requested", via=via)
-        if self._kernel is not None:
-            self._kernel.interrupt()
+        if self.generations.kernel is not None:
+            self.generations.kernel.interrupt()
 
     def note(self, kind: str, **body: Any) -> None:
         """Record a frontend action (interrupt, shutdown) against the running cell, if any."""
         cell = self._cell
-        self._append(kind, {"generation": self.generation,
+        self.record.append(kind, {"generation": self.generation,
                             "cell_id": None if cell is None else cell.running.cell_id, **body})
 
     # ------------------------------------------------------------------ cells
@@ -200,17 +197,17 @@ class RelayHost(Host):
         self._require_open()
         if self._cell is not None:
             raise KernelError("a relayed cell is still running; the relay sends one at a time")
-        kernel = self._kernel
+        kernel = self.generations.kernel
         assert kernel is not None
         cell_id = mint_cell_id()
         body: dict[str, Any] = {"cell_id": cell_id, "generation": kernel.generation,
                                 "code": code, "frontend_cell_id": frontend_cell_id}
         if silent:
             body["silent"] = True
-        self._append("cell_started", body)
-        running = _RunningCell.now(cell_id, kernel.generation, kernel.token, code)
+        self.record.append("cell_started", body)
+        running = RunningCell.now(cell_id, kernel.generation, kernel.token, code)
         self._cell = _Relayed(running, time.monotonic())
-        self._running = running
+        self.cells.running = running
         return cell_id
 
     def finish_cell(self, status: str, execution_count: int | None,
@@ -220,12 +217,12 @@ class RelayHost(Host):
         relayed = self._cell
         if relayed is None:
             return
-        self._running = None
+        self.cells.running = None
         self._cell = None
         cell = relayed.running
-        settled = self._settle_commands(cell.cell_id)
-        notice = settled if notice is None else _join(settled, notice)
-        access = self._pending_access.pop(cell.cell_id, None)
+        settled = self.cells.settle_commands(cell.cell_id)
+        notice = settled if notice is None else join(settled, notice)
+        access = self.cells.pending_access.pop(cell.cell_id, None)
         body: dict[str, Any] = {
             "cell_id": cell.cell_id, "status": status, "execution_count": execution_count,
             "outputs": [self.redactor.deep(o) for o in outputs],
@@ -235,8 +232,8 @@ class RelayHost(Host):
             body["dropped_chars"] = dropped_chars
         if access is not None:
             body["access"] = access
-        body.update(self._cell_lineage(cell, access))
-        self._append("cell_finished", body)
+        body.update(self.cells.cell_lineage(cell, access))
+        self.record.append("cell_finished", body)
 
     def kernel_died(self, execution_count: int | None = None,
                     outputs: list[dict[str, Any]] | None = None) -> str:
@@ -246,7 +243,7 @@ class RelayHost(Host):
         """
         self._require_open()
         old = self.generation
-        self._start_generation("kernel_died")
+        self.generations.start("kernel_died")
         notice = (f"The kernel died (generation {old}). The Host started generation "
                   f"{self.generation}: every variable, import and object in memory is gone. "
                   f"What survives: workspace files, saved artifacts and the record.")

@@ -36,7 +36,8 @@ from .._errors import (
 from ..modes import UnknownModeError, normalise_mode_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._host import Host, _RunningCell
+    from ._calls import CallContext
+    from ._cells import RunningCell
 
 __all__ = ["collect", "collected_artifact", "skills_call", "start"]
 
@@ -47,10 +48,10 @@ MAX_COPY_FILES = 10_000
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def _mint_handle(host: Host) -> str:
+def _mint_handle(host: CallContext) -> str:
     """A handle no sub-task of this record has (lineage and audit look handles up across
     the record's sessions)."""
-    taken = {json.loads(row["body"]).get("handle") for row in host.ledger.query(  # type: ignore[union-attr]
+    taken = {json.loads(row["body"]).get("handle") for row in host.ledger.query(
         "SELECT body FROM events WHERE kind = 'subtask_started'")}
     while True:
         handle = "st-" + secrets.token_hex(4)
@@ -67,7 +68,7 @@ def _number_or_none(value: Any, what: str) -> float | None:
     return float(value)
 
 
-def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any]:
+def start(host: CallContext, cell: RunningCell, args: dict[str, Any]) -> dict[str, Any]:
     """``host.delegate``: copy the inputs into the child's folder, record the start, launch.
 
     The child's folder is ``<record>/subtasks/<handle>/workspace``: inside this record,
@@ -102,7 +103,6 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
         raise BadArguments("delegate: folder= is not supported: a sub-task works on copies of "
                            "its inputs, in a folder no cell can reach; name a folder in inputs "
                            "to give it the whole folder")
-    assert host.ledger is not None and host.blobs is not None
     plan = [_source(host, item) for item in dict.fromkeys(inputs)]  # checked before copying
     refusal = delegator.reserve()
     if refusal is not None:
@@ -121,7 +121,7 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
     body = {"handle": handle, "cell_id": cell.cell_id, "task": task, "mode": mode,
             "folder": str(workdir), "inputs": copied, "record_dir": str(record_dir),
             "depth": delegator.config.depth + 1, "timeout": timeout}
-    host._append("subtask_started", body)
+    host.append("subtask_started", body)
     # The child can read and write its own folder only: this workspace and this record
     # (but for its folder) are hidden from its kernel, so what it reads is what its own
     # record, and so this session's lineage, can see.
@@ -133,7 +133,7 @@ def start(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any
     return {"handle": handle, "folder": str(workdir), "inputs": copied, "state": state}
 
 
-def _source(host: Host, item: str) -> tuple[str, Any]:
+def _source(host: CallContext, item: str) -> tuple[str, Any]:
     """What one input names: ("artifact", row), ("file", rel) or ("folder", rel)."""
     if _UUID.match(item):
         row = _artifact(host, item) or collected_artifact(host, item)
@@ -153,10 +153,9 @@ def _source(host: Host, item: str) -> tuple[str, Any]:
     return "file", host.workspace.relative(real)
 
 
-def _copy_inputs(host: Host, plan: list[tuple[str, Any]], workdir: Path
+def _copy_inputs(host: CallContext, plan: list[tuple[str, Any]], workdir: Path
                  ) -> list[dict[str, Any]]:
     """Copy each planned input into ``workdir``, streamed and hashed; their records."""
-    assert host.blobs is not None
     budget = [MAX_COPY_BYTES, MAX_COPY_FILES]
     copied: list[dict[str, Any]] = []
     for kind, what in plan:
@@ -178,7 +177,7 @@ def _copy_inputs(host: Host, plan: list[tuple[str, Any]], workdir: Path
     return copied
 
 
-def _files_under(host: Host, rel: str) -> list[str]:
+def _files_under(host: CallContext, rel: str) -> list[str]:
     """The regular files of a workspace folder, recursively; symlinks are not followed."""
     out: list[str] = []
     for folder, dirs, files in os.walk(host.workdir / rel, followlinks=False):
@@ -222,13 +221,13 @@ def _copy(src: Any, target: Path, budget: list[int]) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _artifact(host: Host, artifact_id: str) -> Any:
+def _artifact(host: CallContext, artifact_id: str) -> Any:
     rows = host.own_rows("SELECT * FROM artifacts WHERE artifact_id = ? AND session = ?",
                          (artifact_id, host.session_id))
     return rows[0] if rows else None
 
 
-def _started(host: Host, handle: str) -> dict[str, Any]:
+def _started(host: CallContext, handle: str) -> dict[str, Any]:
     for row in host.own_rows("SELECT body FROM events WHERE session = ? AND kind = "
                              "'subtask_started' ORDER BY seq", (host.session_id,)):
         body = json.loads(row["body"])
@@ -237,7 +236,7 @@ def _started(host: Host, handle: str) -> dict[str, Any]:
     raise BadArguments(f"collect: no sub-task {handle!r} in this session")
 
 
-def collect(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, Any]:
+def collect(host: CallContext, cell: RunningCell, args: dict[str, Any]) -> dict[str, Any]:
     """``host.collect``: wait for the child, read its verified record, record the result."""
     delegator = host.delegator
     handle = args.get("handle")
@@ -251,17 +250,17 @@ def collect(host: Host, cell: _RunningCell, args: dict[str, Any]) -> dict[str, A
     if delegator is None or not delegator.knows(handle):
         raise CallRefused(f"collect: sub-task {handle} was started by an earlier Host process; "
                           f"its record is {started['record_dir']}", code="subtask_gone")
-    finished = delegator.wait(handle, timeout, alive=lambda: host._running is cell)
+    finished = delegator.wait(handle, timeout, alive=lambda: host.running is cell)
     if finished is None:
         raise CallRefused("collect: the cell stopped while it waited", code="cell_ended")
     result = _result_of(host, started, finished)
     body = {"cell_id": cell.cell_id, **result}
-    host._append("subtask_collected", body)
+    host.append("subtask_collected", body)
     cell.io.collects.append(handle)
     return {k: v for k, v in result.items() if k not in ("read_inputs", "record_dir", "spend")}
 
 
-def _result_of(host: Host, started: dict[str, Any], finished: Any) -> dict[str, Any]:
+def _result_of(host: CallContext, started: dict[str, Any], finished: Any) -> dict[str, Any]:
     """The child's result from its verified record: verdict, output, artifacts, reads."""
     from ..store.verified import open_verified
 
@@ -319,9 +318,8 @@ def _child_blobs(record_dir: Path) -> Any:
     return FileBlobStore(record_dir)
 
 
-def _import_blob(host: Host, child_blobs: Any, sha256: str) -> None:
+def _import_blob(host: CallContext, child_blobs: Any, sha256: str) -> None:
     """Copy a child artifact's bytes into this record, checked against their sha256."""
-    assert host.blobs is not None
     if host.blobs.exists(sha256):
         return
     with child_blobs.open(sha256) as src:
@@ -353,7 +351,7 @@ def _map_reads(started: dict[str, Any], reads: dict[tuple[str, str], str | None]
     return out
 
 
-def collected_artifact(host: Host, artifact_id: str) -> dict[str, Any] | None:
+def collected_artifact(host: CallContext, artifact_id: str) -> dict[str, Any] | None:
     """A child artifact collected in this session (its bytes are in this record), or None."""
     for row in host.own_rows("SELECT body FROM events WHERE session = ? AND kind = "
                              "'subtask_collected' ORDER BY seq DESC", (host.session_id,)):
@@ -364,7 +362,7 @@ def collected_artifact(host: Host, artifact_id: str) -> dict[str, Any] | None:
     return None
 
 
-def skills_call(host: Host, args: dict[str, Any]) -> Any:
+def skills_call(host: CallContext, args: dict[str, Any]) -> Any:
     """``host.skills.list/search/get``: the Host reads the catalog it holds (the agent's,
     loaded at session start), so a cell sees the same skills as the agent's tools."""
     from ..skills import Catalog, SkillError

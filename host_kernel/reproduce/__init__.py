@@ -1,6 +1,6 @@
 """Verification by reproduction: the Host re-runs the declared tests on the declared bytes.
 
-The verifier (``host_kernel/verify.py``) decides *whether* to reproduce; this
+The verifier (``host_kernel/verify/``) decides *whether* to reproduce; this
 package does it. :func:`reproduce_evidence` turns a :class:`Request` (the
 declared files as saved, the cited commands, the baseline) into checks and the
 verdict's ``reproduction`` section. Modules:

@@ -192,7 +192,7 @@ def test_a_host_call_from_a_thread_after_its_cell_ended(honest: Host) -> None:
 
 
 def test_the_old_generations_token_after_a_restart(fresh: Host) -> None:
-    token = fresh._kernel.token  # type: ignore[union-attr]
+    token = fresh.generations.kernel.token  # type: ignore[union-attr]
     fresh.restart()
     text = run_ok(fresh, "from host_kernel.kernel.client import HostClient\nimport os\n"
                        f"c = HostClient(os.environ['HOST_KERNEL_SOCKET'], {token!r}, 1)\n"

@@ -42,13 +42,13 @@ class Channel:
         self.release = host.workdir / ".release"
         self._thread = threading.Thread(target=self._hold)
         self._thread.start()
-        kernel = host._kernel
+        kernel = host.generations.kernel
         assert kernel is not None
         import time
 
-        while host._running is None:
+        while host.cells.running is None:
             time.sleep(0.01)
-        socket = host._launch_env["HOST_KERNEL_SOCKET"]
+        socket = host.generations.launch_env["HOST_KERNEL_SOCKET"]
         self.client = httpx.Client(transport=httpx.HTTPTransport(uds=socket),
                                    base_url="http://host", timeout=30,
                                    headers={"Authorization": f"Bearer {kernel.token}"})
@@ -137,7 +137,7 @@ def test_raw_bodies_never_crash_the_host(channel: Channel, body: bytes) -> None:
 
 
 def test_a_request_without_the_token_is_refused_and_recorded(channel: Channel) -> None:
-    socket = channel.host._launch_env["HOST_KERNEL_SOCKET"]
+    socket = channel.host.generations.launch_env["HOST_KERNEL_SOCKET"]
     with httpx.Client(transport=httpx.HTTPTransport(uds=socket), base_url="http://h") as c:
         lines = [json.loads(x) for x in c.post("/call/ping", content=b"{}").text.splitlines()]
     assert lines[-1]["error"]["code"] == "bad_token"

@@ -1,0 +1,427 @@
+"""Cells: sending one to the kernel, collecting what it produced, and recording its end.
+
+Owns ``execute`` (a Host-minted cell id, ``cell_started``/``cell_finished``), the
+cell the Host is running now (to which every host call is attributed), the run
+loop over the kernel's sockets with its timeout, interrupt and death handling,
+the restart a stuck cell makes due, ``host.bash`` commands still running when
+their cell ends, the cell's lineage, and the Observation's text. It does not
+start kernels (host/_generations.py) or serve host calls (host/_calls.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import BadArguments, HostKernelError
+from .._ids import mint_cell_id
+from .._models import Observation
+from ..lineage.flow import TRACED
+from ..sandbox.client import SandboxError
+from ._bash import Redactor, kill_group
+from ._generations import Generations
+from ._kernel import KernelGeneration
+from ._lineage import CellIO, SessionLineage
+from ._outputs import CellRun, Outputs, execution_count
+from ._record import SessionRecord
+from ._render import cell_header, cut, render_outputs
+from ._session import Session
+from ._trace import TracedAccess, now_ns
+
+__all__ = ["INTERRUPT_GRACE", "LIVENESS_POLL", "CellRunner", "RunningCell", "join"]
+
+#: Seconds the Host waits after interrupting a timed-out cell before restarting.
+INTERRUPT_GRACE = 1.5
+#: How often a waiting Host checks that the kernel process is still alive.
+LIVENESS_POLL = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class RunningCell:
+    """The cell the Host is running: what every host call made now is attributed to."""
+
+    cell_id: str
+    generation: int
+    token: str
+    code: str = ""
+    io: CellIO = field(default_factory=CellIO)
+    #: When the Host sent the cell: CLOCK_MONOTONIC (the tracer's clock) and wall time.
+    start_ns: int = 0
+    start_wall_ns: int = 0
+
+    @classmethod
+    def now(cls, cell_id: str, generation: int, token: str, code: str) -> RunningCell:
+        """A cell about to be sent, stamped as the tracer will see it."""
+        start_ns, start_wall_ns = now_ns()
+        return cls(cell_id, generation, token, code, start_ns=start_ns,
+                   start_wall_ns=start_wall_ns)
+
+
+def join(first: str | None, second: str) -> str:
+    return second if first is None else f"{first} {second}"
+
+
+class CellRunner:
+    """Runs the session's cells, one at a time, and records each."""
+
+    def __init__(self, record: SessionRecord, session: Session, generations: Generations,
+                 lineage: SessionLineage, redactor: Redactor, text_limit: int) -> None:
+        self.record = record
+        self.session = session
+        self.generations = generations
+        self.lineage = lineage
+        self.redactor = redactor
+        self.text_limit = text_limit
+        #: The cell being executed now; None between cells.
+        self.running: RunningCell | None = None
+        #: Held while a cell runs or a generation starts: one at a time.
+        self.exec_lock = threading.Lock()
+        #: Set when a cell ignored the interrupt after Ctrl-C: the generation is restarted,
+        #: with this reason, before the next cell.
+        self.restart_due: str | None = None
+        #: What the kernel's audit hook reported for a cell (untraced sessions).
+        self.pending_access: dict[str, Any] = {}
+        #: host.bash processes still running, per cell, with an event set once recorded.
+        self._commands: dict[str, list[tuple[subprocess.Popen[bytes], threading.Event]]] = {}
+        self._commands_lock = threading.Lock()
+        self._confinement_told = False
+        self._tracing_told = False
+
+    def command_started(self, cell_id: str, proc: subprocess.Popen[bytes],
+                        recorded: threading.Event) -> None:
+        """A host.bash command of ``cell_id`` started; ``recorded`` is set once its
+        receipt is in the record."""
+        with self._commands_lock:
+            self._commands.setdefault(cell_id, []).append((proc, recorded))
+
+    def execute(self, code: str, timeout: float | None = None, *,
+                frontend_cell_id: str | None = None) -> Observation:
+        """Run one cell in the kernel and return what the Host saw."""
+        if not isinstance(code, str):
+            raise BadArguments(f"code must be a str, not {type(code).__name__}")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise BadArguments("timeout must be a positive number of seconds or None")
+        with self.exec_lock:
+            if self.restart_due is not None:  # a cell ignored Ctrl-C's interrupt
+                reason, self.restart_due = self.restart_due, None
+                self.generations.start(reason)
+            kernel = self.generations.kernel
+            assert kernel is not None
+            cell_id = mint_cell_id()
+            self.record.append("cell_started", {
+                "cell_id": cell_id, "generation": kernel.generation, "code": code,
+                "frontend_cell_id": frontend_cell_id})
+            running = self.running = RunningCell.now(cell_id, kernel.generation,
+                                                     kernel.token, code)
+            t0 = time.monotonic()
+            run: CellRun | None = None
+            finished = False
+            try:
+                try:
+                    run = self._run(kernel, code, cell_id, timeout)
+                finally:
+                    self.running = None
+                duration = time.monotonic() - t0
+                notice = self.settle_commands(cell_id)
+                # Before any restart below, which forgets every name in memory.
+                lineage_body = self.cell_lineage(running, run.access)
+                notice = self._after_run(kernel, run, notice, timeout)
+                outputs = [self.redactor.deep(o) for o in run.outputs]
+                body: dict[str, Any] = {
+                    "cell_id": cell_id, "status": run.status,
+                    "execution_count": run.execution_count,
+                    "outputs": outputs, "duration": duration, "notice": notice,
+                }
+                if run.dropped_chars:
+                    body["dropped_chars"] = run.dropped_chars
+                if run.access is not None:
+                    body["access"] = run.access
+                body.update(lineage_body)
+                self.record.append("cell_finished", body)
+                finished = True
+            except BaseException as exc:  # Ctrl-C, or a failure of the Host's own
+                if not finished:           # never leave the cell `running` in the record
+                    self._record_unfinished(kernel, cell_id, time.monotonic() - t0, exc,
+                                            run)
+                raise
+            if run.host_interrupted:
+                raise KeyboardInterrupt  # recorded; the caller's Ctrl-C goes on from here
+            if not self._confinement_told:
+                self._confinement_told = True
+                confinement = self.generations.confinement
+                told = None if confinement is None else confinement.notice()
+                if told is not None:
+                    notice = told if notice is None else f"{told} {notice}"
+            if not self._tracing_told:
+                self._tracing_told = True
+                told = self.generations.tracing_notice()
+                if told is not None:
+                    notice = told if notice is None else f"{told} {notice}"
+            text = self.text(cell_id, run.status, outputs, notice, run.dropped_chars)
+            return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
+                               execution_count=run.execution_count, generation=kernel.generation,
+                               text=text, duration=duration, notice=notice)
+
+    def _after_run(self, kernel: KernelGeneration, run: CellRun, notice: str | None,
+                   timeout: float | None) -> str | None:
+        """What a cell's end does to the kernel (a restart after a death or a stuck cell),
+        and the notice that says so."""
+        if run.status == "kernel_died":
+            old = kernel.generation
+            self.generations.start("kernel_died")
+            new = self.generations.generation
+            return join(notice, f"The kernel died while running this cell (generation "
+                                f"{old}). The Host started generation {new}: "
+                                f"every variable, import and object in memory is gone. "
+                                f"What survives: workspace files, saved artifacts and "
+                                f"the record.")
+        if run.status == "interrupted":
+            notice = join(notice, "The Host's own process was interrupted (Ctrl-C) while "
+                                   "this cell ran; the Host interrupted the cell and kept "
+                                   "what it had printed.")
+            if run.stuck:
+                # Restarted before the next cell, not now: a Ctrl-C is no time to start a
+                # kernel, and the cell is recorded first.
+                self.restart_due = "interrupted"
+                notice = join(notice, f"The cell did not stop within {INTERRUPT_GRACE:g} s, "
+                                       f"so the Host will restart the kernel before the next "
+                                       f"cell (generation {kernel.generation + 1}); in-memory "
+                                       f"state will be gone.")
+            return notice
+        if run.status == "timeout":
+            if run.stuck:
+                old = kernel.generation
+                self.generations.start("timeout")
+                return join(notice, f"The cell ran past its {timeout:g} s timeout and "
+                                     f"did not stop within {INTERRUPT_GRACE:g} s of an "
+                                     f"interrupt, so the Host restarted the kernel: "
+                                     f"generation {old} → {self.generations.generation}; "
+                                     f"in-memory state is gone. Workspace files, artifacts and the "
+                                     f"record survive.")
+            return join(notice, f"The cell ran past its {timeout:g} s timeout; the Host "
+                                 f"interrupted it (KeyboardInterrupt). The kernel and its state "
+                                 f"are still there (generation {kernel.generation}).")
+        return notice
+
+    def _record_unfinished(self, kernel: KernelGeneration, cell_id: str, duration: float,
+                           exc: BaseException, run: CellRun | None) -> None:
+        """Close the record of a cell whose ``execute`` was stopped before its
+        ``cell_finished`` (a KeyboardInterrupt or SystemExit outside the cell loop, or a
+        failure of the Host's own), so the record never keeps a cell ``running`` whose
+        Host is alive. Best effort and short; the caller re-raises ``exc``.
+
+        When the kernel's run had not ended (``run`` is None), the Host interrupts it and
+        waits briefly for it; the cell is ``interrupted`` with no outputs. When it had,
+        the cell keeps its outputs and, unless the Host's process was interrupted, its
+        own status. Its ``host.bash`` commands are killed either way.
+        """
+        stopped = isinstance(exc, (KeyboardInterrupt, SystemExit))
+        if run is None:
+            try:
+                kernel.interrupt()  # a signal (or interrupt_request); the reply is awaited below
+            except Exception:  # noqa: BLE001 - the kernel may be gone; the record still closes
+                pass
+        why = (f"The Host's own process was interrupted ({type(exc).__name__})" if stopped
+               else f"The Host failed ({type(exc).__name__}: {exc})")
+        notice = (f"{why} while this cell ran: the Host asked the kernel to interrupt the "
+                  f"cell and did not collect its outputs." if run is None else
+                  f"{why} while it recorded this cell's end.")
+        try:
+            notice = join(self.settle_commands(cell_id), notice)
+        except Exception:  # noqa: BLE001 - killing commands is best effort here
+            pass
+        status = "interrupted" if run is None or stopped else run.status
+        outputs: list[dict[str, Any]] = []
+        if run is not None:
+            try:
+                outputs = [self.redactor.deep(o) for o in run.outputs]
+            except Exception:  # noqa: BLE001 - the outputs are what made it fail
+                outputs = []
+        body = {"cell_id": cell_id, "status": status,
+                "execution_count": None if run is None else run.execution_count,
+                "outputs": outputs, "duration": duration, "notice": notice}
+        for attempt in (body, {**body, "outputs": [], "notice": join(
+                notice, "Its outputs could not be recorded.")}):
+            try:
+                self.record.append("cell_finished", attempt)
+                break
+            except HostKernelError:
+                break  # the record refuses appends (foreign events): nothing more to try
+            except Exception:  # noqa: BLE001 - e.g. an output the ledger cannot take
+                continue
+        if run is None:
+            try:
+                self._await_interrupted(kernel)
+            except Exception:  # noqa: BLE001 - the kernel's sockets may be gone
+                pass
+
+    @staticmethod
+    def _await_interrupted(kernel: KernelGeneration, wait: float = 2.0) -> None:
+        """Wait (at most ``wait`` seconds) for the kernel to go idle after an interrupt,
+        and take the interrupted request's reply off the shell socket. ipykernel aborts
+        every request queued before it finishes an interrupted one (``stop_on_error``), so
+        a next cell sent sooner would come back empty."""
+        kc = kernel.client
+        if kc is None:
+            return
+        iopub, shell = kc.iopub_channel.socket, kc.shell_channel.socket
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            if not iopub.poll(int(left * 1000) + 1):
+                return
+            try:
+                _, parts = kc.session.feed_identities(iopub.recv_multipart())
+                header, parent, content = (json.loads(parts[i]) for i in (1, 2, 4))
+            except (ValueError, IndexError):
+                continue
+            if (header.get("msg_type") == "status"
+                    and parent.get("msg_type") == "execute_request"
+                    and content.get("execution_state") == "idle"):
+                break
+        while shell.poll(0):
+            shell.recv_multipart()
+
+    def cell_lineage(self, running: RunningCell, access: Any) -> dict[str, Any]:
+        """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in
+        the cell's window, or, untraced, what the kernel's audit hook reported (``access``).
+        Returns what the cell's record adds: ``traced`` and any ``lineage_error``."""
+        body: dict[str, Any] = {}
+        traced: TracedAccess | None = None
+        if self.generations.trace is not None:
+            try:
+                traced = self.generations.trace.for_cell(running.start_ns, time.monotonic_ns(),
+                                              since_wall_ns=running.start_wall_ns)
+            except SandboxError as exc:  # the generation ended (the kernel died)
+                body["lineage_error"] = f"trace: {exc}"
+        try:
+            if traced is not None:
+                body["traced"] = traced.to_record()
+                self.lineage.cell_finished(running.cell_id, running.code, traced.access(),
+                                           running.io, method=TRACED)
+            elif self.generations.trace is None:
+                self.lineage.cell_finished(running.cell_id, running.code, access, running.io)
+        except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
+            body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+        return body
+
+    def settle_commands(self, cell_id: str) -> str | None:
+        """Kill host.bash commands of this cell still running, and wait for their receipts.
+
+        The Host never returns from a cell while work it started for it runs on unnoticed.
+        """
+        with self._commands_lock:
+            active = self._commands.pop(cell_id, [])
+        killed = 0
+        for proc, recorded in active:
+            if not recorded.is_set() and proc.poll() is None:
+                if kill_group(proc):
+                    killed += 1
+        for _, recorded in active:
+            recorded.wait(timeout=10)
+        if not killed:
+            return None
+        return (f"{killed} host.bash command(s) of this cell were still running when it ended; "
+                f"the Host killed them and recorded their receipts.")
+
+    def text(self, cell_id: str, status: str, outputs: list[dict[str, Any]],
+              notice: str | None, dropped: int) -> str:
+        body = render_outputs(outputs)
+        if dropped:
+            body += f"\n[{dropped} further characters of output were not kept]\n"
+        if not body.strip():
+            body = "(no output)\n" if status in ("ok", "error") else ""
+        body = cut(body, self.text_limit)
+        head = cell_header(cell_id, self.session.mode.armed)
+        tail = f"\n[{notice}]\n" if notice else ""
+        return head + body + tail
+
+    def _run(self, kernel: KernelGeneration, code: str, cell_id: str,
+             timeout: float | None) -> CellRun:
+        """Send the cell and collect what it produced, until the kernel's ``idle`` for it.
+
+        Reads the client's IOPub and shell sockets directly, in this thread: each
+        message's signature is checked and only the parts this request needs are
+        parsed (jupyter_client's blocking getters would add an event-loop turn and
+        date parsing to every message).
+        """
+        kc = kernel.client
+        assert kc is not None
+        content = {"code": code, "silent": False, "store_history": True,
+                   "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+        msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
+        run = CellRun(kc.session, msg["header"]["msg_id"])
+        kc.shell_channel.send(msg)
+        iopub = kc.iopub_channel.socket
+        collector = Outputs()
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        interrupted_at: float | None = None
+        last_alive_check = now
+        while True:
+            try:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and interrupted_at is None:
+                    run.status = "timeout"
+                    kernel.interrupt()
+                    interrupted_at = now
+                if interrupted_at is not None and now - interrupted_at > INTERRUPT_GRACE:
+                    run.stuck = True
+                    break
+                if now - last_alive_check >= LIVENESS_POLL:
+                    last_alive_check = now
+                    if not kernel.is_alive():
+                        run.status = "kernel_died"
+                        break
+                wait = LIVENESS_POLL
+                if deadline is not None and interrupted_at is None:
+                    wait = max(0.0, min(wait, deadline - now))
+                if not iopub.poll(int(wait * 1000) + 1):
+                    continue
+                reply = run.receive(iopub)
+                if reply is None:
+                    continue
+                mtype = reply["msg_type"]
+                if mtype == "status":
+                    if reply["content"].get("execution_state") == "idle":
+                        break
+                elif mtype == "execute_input":
+                    run.execution_count = execution_count(reply["content"].get("execution_count"))
+                elif mtype in Outputs.KINDS:
+                    collector.add(reply)
+            except KeyboardInterrupt:
+                # Ctrl-C in the Host's own process: interrupt the cell as a timeout would,
+                # keep collecting its outputs until the kernel is idle (at most
+                # INTERRUPT_GRACE), and let execute() record it, then raise again. A second
+                # Ctrl-C stops waiting for the kernel.
+                if run.host_interrupted:
+                    run.stuck = True
+                    break
+                run.host_interrupted = True
+                run.status = "interrupted"
+                kernel.interrupt()
+                interrupted_at = time.monotonic()
+        run.outputs = collector.final
+        run.dropped_chars = collector.dropped
+        if run.status != "kernel_died" and any(o["output_type"] == "error" for o in run.outputs):
+            if run.status == "ok":
+                run.status = "error"
+        run.access = self.pending_access.pop(cell_id, None)
+        if not run.stuck and run.status != "kernel_died":
+            self._drain_shell(run, kc.shell_channel.socket)
+        return run
+
+    @staticmethod
+    def _drain_shell(run: CellRun, shell: Any) -> None:
+        """Take the execute_reply off the shell socket so replies never pile up (it came
+        before the ``idle``, so it is normally there already)."""
+        deadline = time.monotonic() + 1.0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not shell.poll(int(left * 1000) + 1):
+                return
+            if run.receive(shell, content=False) is not None:
+                return

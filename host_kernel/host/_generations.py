@@ -1,0 +1,434 @@
+"""Kernel generations: how each kernel of a session is launched, started, swapped and ended.
+
+Owns what every generation is launched with (the environment, the session's
+private folders, the confinement policy, decided once at start), where its
+kernel comes from (cold, a pool's warm standby narrowed to the session, or the
+spare started ahead for the next restart), the generation's token and tracer,
+the ``generation_started`` event, kernels retired and stopped, and the notices
+that tell an agent the session is unconfined or untraced. It does not run cells
+(host/_cells.py) or decide when to restart (the cells and the facade do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._errors import ConfinementError, KernelError
+from .._ids import mint_token
+from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
+from ..sandbox.landlock import LandlockError, Ruleset
+from ..sandbox.policy import Policy, ruleset_spec, uncovered
+from ..sandbox.trace import unavailable as trace_unavailable
+from ._kernel import KernelGeneration, close_thread_loop, kernel_env, short_tempdir
+from ._options import HostOptions
+from ._pool import Standby
+from ._trace import TraceLog
+from ._workspace import Workspace
+
+__all__ = ["KERNEL_SET_ENV", "PRIVATE_DIRS", "Generations"]
+
+#: Sub-folders of a session's private folder, each named in the kernel's environment.
+PRIVATE_DIRS = {"TMPDIR": "tmp", "IPYTHONDIR": "ipython", "XDG_CACHE_HOME": "cache",
+                "MPLCONFIGDIR": "mpl", "JUPYTER_RUNTIME_DIR": "jupyter", "PIP_TARGET": "site"}
+#: Variables ipykernel sets in its own environment at start-up.
+KERNEL_SET_ENV = frozenset({"MPLBACKEND", "JPY_PARENT_PID", "PYDEVD_DISABLE_FILE_VALIDATION",
+                            "CLICOLOR", "PAGER", "GIT_PAGER", "FORCE_COLOR", "TERM",
+                            "JPY_SESSION_NAME", "CLICOLOR_FORCE", "PYDEVD_USE_FRAME_EVAL"})
+
+#: Appends an event to the session's record (host/_record.py).
+Append = Callable[[str, dict[str, Any]], Any]
+
+
+def inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+class Generations:
+    """The kernels of one session, one generation at a time."""
+
+    def __init__(self, workdir: Path, options: HostOptions, workspace: Workspace,
+                 append: Append, new_generation: Callable[[], None]) -> None:
+        self.workdir = workdir
+        self.options = options
+        self.workspace = workspace
+        self._append = append
+        self._new_generation = new_generation  # lineage forgets names in memory
+        #: The generation running now; None before start and after close.
+        self.kernel: KernelGeneration | None = None
+        #: Generations an earlier process of this session ran (a resumed session).
+        self.prior = 0
+        #: Tokens of earlier generations: a call carrying one is ``stale_token``.
+        self.old_tokens: set[str] = set()
+        #: What the record says about confinement; decided at :meth:`prepare`.
+        self.confinement: Confinement | None = None
+        self.policy: Policy | None = None
+        self.runtime_dir: Path | None = None
+        self.private_dir: Path | None = None
+        self.launch_env: dict[str, str] = {}
+        #: The current generation's tracer, None when untraced.
+        self.trace: TraceLog | None = None
+        #: What the record says about tracing: {"status": "seccomp"} or why not.
+        self.tracing: dict[str, Any] = {}
+        self._standby: Standby | None = None
+        #: Why the pool did not serve this session (recorded with the first generation).
+        self._pool_miss: str | None = None
+        self.spare_kernel: KernelGeneration | None = None
+        self._spare_thread: threading.Thread | None = None
+        self._spare_lock = threading.Lock()
+        #: Why the last spare could not be started (recorded at the next restart).
+        self.spare_error: str | None = None
+        #: Set at close: a spare that finishes starting afterwards is stopped at once.
+        self.closed = False
+        #: Folders the Host took over from a standby (removed at close).
+        self._owned_dirs: list[Path] = []
+        #: Threads reaping the kernels of earlier generations (joined at close).
+        self._retiring: list[threading.Thread] = []
+
+    @property
+    def generation(self) -> int:
+        return 0 if self.kernel is None else self.kernel.generation
+
+    # ------------------------------------------------------------------ the launch
+
+    def prepare(self, confinement: Confinement, hidden: list[str], session_id: str,
+                socket_path: Callable[[Path], str]) -> None:
+        """Decide how every generation is launched: the private folders (a standby's
+        when the pool serves the session), the environment, and the confinement policy.
+
+        ``hidden`` are the files and folders confined code may not read (the record, its
+        stores' secrets); ``socket_path`` starts the call server in the runtime folder
+        and returns its socket's path.
+        """
+        options = self.options
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
+        self._take_standby(confinement)
+        if self._standby is not None:
+            self.private_dir = self._standby.private
+        else:
+            self.private_dir = self.runtime_dir / "s"
+            self.private_dir.mkdir()
+        self.launch_env = self._build_env(socket_path(self.runtime_dir), session_id)
+        if confinement.active:
+            self.launch_env["HOST_KERNEL_CONFINED"] = "1"
+            self.policy = Policy.for_session(self.workdir, self.private_dir, hidden,
+                                             network=options.network,
+                                             extra_read=options.read_paths)
+            confinement = probe(self.policy, network=options.network)
+            if not confinement.active and options.require_confinement:
+                raise ConfinementError(f"confinement is required but not available: "
+                                       f"{confinement.reason}")
+            if not confinement.active:
+                self.policy = None
+                del self.launch_env["HOST_KERNEL_CONFINED"]
+        self.confinement = confinement
+        if self.why_untraced() is None:
+            # The kernel's audit hook would only repeat, slower and less reliably,
+            # what the tracer sees; the extension leaves it out (docs/lineage.md).
+            self.launch_env["HOST_KERNEL_TRACED"] = "1"
+
+    def _build_env(self, socket_path: str, session_id: str) -> dict[str, str]:
+        """The kernel's environment: the Host's, less its own secrets, plus the session's
+        private folders (temp, IPython, caches, the package overlay) and the call socket.
+
+        The record's location is not in it: confined code has no business there.
+        """
+        if self.private_dir is None:
+            raise KernelError("the session's private folder is not made yet")
+        hidden = self.options.hidden_env
+        blobs = self.options.blobs is not None
+        base = {k: v for k, v in os.environ.items()
+                if k not in hidden and not k.startswith("HOST_KERNEL_")
+                and not (blobs and k.startswith("FSSPEC_"))}
+        env = kernel_env(base)
+        for name, sub in PRIVATE_DIRS.items():
+            folder = self.private_dir / sub
+            folder.mkdir(exist_ok=True)
+            env[name] = str(folder)
+        overlay = env["PIP_TARGET"]
+        # `pip install` (a cell's %pip, or host.bash) lands in the session's overlay,
+        # which is first on the kernel's import path and its scripts first on PATH.
+        env["PYTHONPATH"] = os.pathsep.join([overlay] + [p for p in env.get(
+            "PYTHONPATH", "").split(os.pathsep) if p])
+        env["PATH"] = os.pathsep.join([os.path.join(overlay, "bin"), env["PATH"]])
+        env["PIP_CACHE_DIR"] = str(self.private_dir / "cache" / "pip")
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        env.update({
+            "HOST_KERNEL_SOCKET": socket_path,
+            "HOST_KERNEL_WORKSPACE": str(self.workdir),
+            "HOST_KERNEL_SESSION": session_id,
+        })
+        return env
+
+    def env_of(self, generation: int, token: str) -> dict[str, str]:
+        """The environment the Host launched a generation's kernel with: the baseline a
+        receipt's "changed" variables are measured against. Built from the Host's own
+        values, never from what the kernel sends."""
+        return self.launch_env | {"HOST_KERNEL_TOKEN": token,
+                                  "HOST_KERNEL_GENERATION": str(generation)}
+
+    # ------------------------------------------------------------------ the pool
+
+    def _take_standby(self, confinement: Confinement) -> None:
+        """A standby kernel from the pool, when it can serve this session; else why not."""
+        pool = self.options.pool
+        if pool is None:
+            return
+        why = pool.refusal(confined=confinement.active,
+                           traced=confinement.active and self.options.trace
+                           and trace_unavailable() is None, hidden=self.options.hidden_env)
+        if why is None:
+            self._standby = pool.take(wait=self.options.startup_timeout)
+            if self._standby is None:
+                why = "no standby kernel was waiting"
+            else:
+                self._owned_dirs.append(self._standby.folder)
+        self._pool_miss = why
+
+    def _release_standby(self, why: str) -> None:
+        """The standby cannot serve this session after all: stop it and start cold.
+
+        It is not given back to the pool: the session's environment and policy already
+        name its folder (the session's private folder lives there), which must never
+        serve another session. The Host keeps the folder until it closes.
+        """
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.stop()
+            self._pool_miss = why
+
+    # ------------------------------------------------------------------ starting one
+
+    def start(self, reason: str) -> None:
+        """Start the next generation (the first, or a restart), and record it."""
+        previous = self.kernel
+        generation = (self.prior if previous is None else previous.generation) + 1
+        if previous is not None:
+            self.old_tokens.add(previous.token)
+            self._retiring = [t for t in self._retiring if t.is_alive()]
+            self._retiring.append(previous.retire())
+            self.kernel = None
+            self._new_generation()
+        body: dict[str, Any] = {"generation": generation, "reason": reason}
+        self.trace = None
+        kernel = self._swap_in_spare(generation, body) if previous is not None else None
+        if kernel is None and self._standby is not None:
+            kernel = self._adopt_standby(generation, body)
+        if kernel is None:
+            kernel = self._new_kernel(generation)
+        self.kernel = kernel
+        why_untraced = self.why_untraced()
+        sandbox = kernel.sandbox
+        if sandbox is not None and sandbox.traced:
+            self.trace = TraceLog(sandbox, self.workspace)
+        elif sandbox is not None and why_untraced is None:
+            why_untraced = "the sandbox's init could not trace (see its hello)"
+        self.tracing = ({"status": "seccomp"} if self.trace is not None else
+                        {"status": "audit-hook", "reason": why_untraced})
+        body["tracing"] = self.tracing
+        if sandbox is not None:
+            hello = kernel.hello
+            folder = kernel.folder
+            body["confinement"] = {"status": "landlock",
+                                   "pid_namespace": hello.get("pid_namespace"),
+                                   "pid_namespace_reason": hello.get("reason"),
+                                   "rules_added": [{"path": str(folder), "access": "write"},
+                                                   {"path": str(folder / "kernel.json"),
+                                                    "access": "read_file"}]}
+            if self.confinement is not None and self.confinement.pid_namespace is None:
+                self.confinement = dataclasses.replace(
+                    self.confinement, pid_namespace=bool(hello.get("pid_namespace")),
+                    pid_namespace_reason=hello.get("reason"))
+        else:
+            body["confinement"] = {"status": "none"}
+        pool = self.options.pool
+        if pool is not None and generation == self.prior + 1 and "warm" not in body:
+            body["warm"] = {"pool": pool.id, "used": False, "reason": self._pool_miss}
+        self._append("generation_started", body)
+        if self.options.spare:
+            self._start_spare(generation + 1)
+
+    def _parts(self, generation: int, folder: Path
+               ) -> tuple[str, dict[str, str], Policy | None, list[str] | None]:
+        """A generation's token, environment, policy (None unconfined) and trace roots."""
+        token = mint_token()
+        env = self.env_of(generation, token)
+        policy = None
+        if self.policy is not None and self.confinement is not None:
+            policy = self.policy.with_generation(folder, folder / "kernel.json")
+        roots = None if self.why_untraced() else TraceLog.roots(self.workspace)
+        return token, env, policy, roots
+
+    def _new_kernel(self, generation: int) -> KernelGeneration:
+        """A kernel started now, cold."""
+        if self.runtime_dir is None:
+            raise KernelError("the session's runtime folder is gone")
+        folder = self.runtime_dir / f"g{generation}"
+        folder.mkdir()
+        token, env, policy, roots = self._parts(generation, folder)
+        sandbox = None
+        if policy is not None and self.confinement is not None:
+            sandbox = Sandbox(policy, self.confinement.abi, trace_roots=roots)
+        return KernelGeneration(generation, token, folder / "kernel.json", self.workdir, env,
+                                self.options.startup_timeout, sandbox)
+
+    def _adopt_standby(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
+        """The pool's standby, narrowed to this session; None (and why, recorded) if not."""
+        standby, pool = self._standby, self.options.pool
+        if standby is None or pool is None:
+            return None
+        token, env, policy, roots = self._parts(generation, standby.folder)
+        if (policy is None) != (standby.sandbox is None):
+            self._release_standby("the standby's confinement is not the session's")
+            return None
+        if policy is not None and standby.broad is not None:
+            missing = uncovered(standby.broad, policy)
+            if missing:
+                self._release_standby(f"the pool's domain does not grant the session's rules "
+                                      f"on {', '.join(missing[:3])}")
+                return None
+        handed_out = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        self._standby = None
+        was_ready = standby.ready()
+        orders: dict[str, Any] = {"env": env, "cwd": str(self.workdir), "ruleset": False}
+        ruleset = None
+        try:
+            if policy is not None and standby.sandbox is not None \
+                    and self.confinement is not None:
+                standby.sandbox.narrow(policy, roots)
+                # Built here (trusted, untraced) and handed over: the standby only enters it.
+                ruleset = Ruleset(self.confinement.abi, network=policy.network)
+                for path, access in ruleset_spec(policy):
+                    ruleset.allow(path, access)
+                orders["ruleset"] = True
+            kernel = KernelGeneration.adopt(generation, token, standby.manager, standby.sandbox,
+                                            standby.hello, standby.orders_fd, orders,
+                                            self.options.startup_timeout,
+                                            -1 if ruleset is None else ruleset.fd)
+        except (KernelError, SandboxError, LandlockError) as exc:
+            standby.stop()  # its folder holds the session's private one: the Host keeps it
+            self._pool_miss = f"the standby kernel failed: {exc}"
+            return None
+        finally:
+            if ruleset is not None:
+                os.close(ruleset.fd)
+        os.close(standby.orders_fd)  # read by now: nothing more goes down that socket
+        standby.orders_fd = -1
+        body["warm"] = {"pool": pool.id, "used": True, "standby_started": standby.started,
+                        "handed_out": handed_out, "ready": was_ready,
+                        "pool_writable": [] if standby.broad is None
+                        else list(standby.broad.writable)}
+        return kernel
+
+    # ------------------------------------------------------------------ the spare kernel
+
+    def _start_spare(self, generation: int) -> None:
+        """Start the next generation's kernel in the background, for a restart to swap in."""
+        with self._spare_lock:
+            if self._spare_thread is not None or self.spare_kernel is not None:
+                return
+            thread = threading.Thread(target=self._make_spare, args=(generation,),
+                                      name="host-kernel-spare", daemon=True)
+            self._spare_thread = thread
+        thread.start()
+
+    def _make_spare(self, generation: int) -> None:
+        kernel = None
+        error = None
+        try:
+            kernel = self._new_kernel(generation)
+        except (KernelError, SandboxError, OSError) as exc:
+            error = str(exc)
+        with self._spare_lock:
+            self._spare_thread = None
+            if self.closed or self.kernel is None or self.kernel.generation + 1 != generation:
+                stale = kernel
+                kernel = None
+            else:
+                stale = None
+                self.spare_kernel = kernel
+                self.spare_error = error
+        if stale is not None:
+            stale.stop()
+            shutil.rmtree(stale.folder, ignore_errors=True)
+        close_thread_loop()
+
+    def _swap_in_spare(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
+        """The spare, when one was started for this generation and is alive; else None."""
+        if not self.options.spare:
+            return None
+        thread = self._spare_thread
+        if thread is not None:
+            thread.join(self.options.startup_timeout)  # still starting: still sooner than anew
+        with self._spare_lock:
+            spare, self.spare_kernel = self.spare_kernel, None
+            error, self.spare_error = self.spare_error, None
+        if spare is not None and (spare.generation != generation or not spare.is_alive()):
+            spare.stop()
+            shutil.rmtree(spare.folder, ignore_errors=True)
+            error = "the spare kernel died while it waited"
+            spare = None
+        body["spare"] = {"used": spare is not None} | ({} if spare else {"reason": error or
+                                                        "no spare kernel had started"})
+        return spare
+
+    def _drop_spare(self) -> None:
+        thread = self._spare_thread
+        if thread is not None:
+            thread.join(self.options.startup_timeout)
+        with self._spare_lock:
+            spare, self.spare_kernel = self.spare_kernel, None
+        if spare is not None:
+            spare.stop()
+            shutil.rmtree(spare.folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ notices
+
+    def why_untraced(self) -> str | None:
+        """Why this session's file access cannot be traced at the OS level, or None."""
+        if not self.options.trace:
+            return "tracing switched off (Host(trace=False))"
+        if self.policy is None or self.confinement is None or not self.confinement.active:
+            why = None if self.confinement is None else self.confinement.reason
+            return f"the tracer runs in the sandbox, and this session is unconfined ({why})"
+        return trace_unavailable()
+
+    def tracing_notice(self) -> str | None:
+        if self.tracing.get("status") == "seccomp":
+            return None
+        return (f"lineage: file access is not traced at the OS level "
+                f"({self.tracing.get('reason')}); the kernel's own audit hook reports it, "
+                f"which misses reads made in C and by other processes, and which cell code "
+                f"can fool.")
+
+    # ------------------------------------------------------------------ ending
+
+    def teardown(self) -> None:
+        """Stop every kernel of the session (current, spare, retiring, standby) and remove
+        the folders the session owns. Safe to call twice."""
+        if self.kernel is not None:
+            self.kernel.stop()
+            self.kernel = None
+        self._drop_spare()
+        for thread in self._retiring:
+            thread.join(timeout=30)
+        self._retiring.clear()
+        if self._standby is not None:
+            standby, self._standby = self._standby, None
+            standby.close()
+        for folder in self._owned_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._owned_dirs.clear()
+
+    def remove_runtime(self) -> None:
+        """Remove the runtime folder (after the call server that lives in it stopped)."""
+        if self.runtime_dir is not None:
+            shutil.rmtree(self.runtime_dir, ignore_errors=True)
+            self.runtime_dir = None
