@@ -363,6 +363,10 @@ def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: Audit
                             tuple(json.loads(session["signals"] or "[]")))
             given = body.get("verdict") or {}
             recorded = given.get("reproduction") or []
+            if live is not None:
+                # The same import world the Host built: the recorded requirement set, which
+                # the Host installs (or finds cached) again; never any kernel's overlay.
+                live.requirements = _recorded_requirements(recorded)
             runs: Any = live or RecordedRuns(recorded)
             if "reproduction" not in given and mode.enforced:
                 runs = NOT_REPRODUCED
@@ -389,6 +393,15 @@ def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: Audit
             live.close()
 
 
+def _recorded_requirements(recorded: list[dict[str, Any]]) -> list[str]:
+    for run in recorded:
+        host = (run.get("environment") or {}).get("host_overlay") or {}
+        reqs = host.get("requirements")
+        if isinstance(reqs, list):
+            return [str(r) for r in reqs]
+    return []
+
+
 def _compare_runs(where: str, recorded: list[dict[str, Any]], again: tuple[dict[str, Any], ...],
                   report: AuditReport) -> None:
     """A re-run must end as the recorded run did, with the same counts."""
@@ -402,9 +415,11 @@ def _compare_runs(where: str, recorded: list[dict[str, Any]], again: tuple[dict[
             continue
         was, now = same[0], run
         if (was.get("outcome"), was.get("counts")) != (now.get("outcome"), now.get("counts")):
-            overlay = (was.get("environment") or {}).get("overlay") or []
-            why = (f"; the session's package overlay ({', '.join(overlay[:5])}) is not kept in "
-                   f"the record, so the re-run had only the base interpreter" if overlay else "")
+            host = (was.get("environment") or {}).get("host_overlay") or {}
+            missing = [m.get("requirement") for m in host.get("missing") or []
+                       if isinstance(m, dict)]
+            why = (f"; the Host could not install {', '.join(map(str, missing[:5]))} when it "
+                   f"ran" if missing else "")
             report.findings.append(Finding(
                 "reproduction_differs", where,
                 f"{run.get('command')!r}: recorded {was.get('outcome')} {was.get('counts')}, "

@@ -50,7 +50,10 @@ def submit(host: Host, **overrides: object) -> tuple[bool, dict[str, bool], str]
             f"except SubmissionRefused as e:\n    v = e.verdict\n"
             f"print('VERDICT', __import__('json').dumps(v.to_dict()))")
     obs = host.execute(code)
-    line = next(l for l in obs.outputs[-1]["text"].splitlines() if l.startswith("VERDICT"))
+    # The verdict line is in one of the cell's stream outputs; others (a reproduction's
+    # progress on stdout, a warning on stderr) may come before or after it.
+    printed = "".join(o.get("text", "") for o in obs.outputs if o.get("output_type") == "stream")
+    line = next(l for l in printed.splitlines() if l.startswith("VERDICT"))
     verdict = json.loads(line[len("VERDICT "):])
     failed = {c["code"]: c["ok"] for c in verdict["checks"] if not c["ok"]}
     return verdict["accepted"], failed, obs.text

@@ -19,6 +19,7 @@ from .._errors import RecordError
 from .._ids import mint_uuid
 from .._models import Verdict
 from ..reproduce import Reproducer
+from ..reproduce.world import HostOverlays
 from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import Redactor
 from ._generations import PRIVATE_DIRS, Generations
@@ -55,10 +56,17 @@ class Submissions:
             hidden: list[str | os.PathLike[str]] = [
                 self.record.record_dir, self.workdir, private / "tmp",
                 *self.record.secret_files(), *self.options.hide_paths]
+            # The distributions the session installed are installed again by the Host, into
+            # a cache no confined process can write; a workspace that holds the cache gets
+            # a private one instead (reproduce/world.py).
+            overlays = HostOverlays()
+            if not overlays.usable([str(self.workdir), str(private)]):
+                overlays = HostOverlays(runtime / "overlays")
             self._reproducer = Reproducer(
                 self.record.blobs, hidden=hidden, overlay=private / PRIVATE_DIRS["PIP_TARGET"],
                 limits=self.options.reproduce_limits,
-                confine=self.generations.policy is not None, base=runtime / "repro")
+                confine=self.generations.policy is not None, base=runtime / "repro",
+                overlays=overlays)
         return self._reproducer
 
     def submit(self, submission: Submission, *, submitting_cell: str | None = None,

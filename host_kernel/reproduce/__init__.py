@@ -162,10 +162,27 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
         section = runs.run(plan, env_section, emit)
         section = dict(section, environment=env_section)
         sections.append(section)
-        findings.append(_judge(command, section))
+        findings.append(_unavailable(_judge(command, section), env_section))
         if emit is not None:
             emit({"stream": "stdout", "text": f"  {command}: {_summary(section)}\n"})
     return findings, sections
+
+
+def _unavailable(finding: Finding, env_section: Mapping[str, Any]) -> Finding:
+    """A failed run whose import world lacks what the session installed is refused as
+    ``environment_unavailable``, naming what the Host could not install: the tests may
+    fail for want of it. A run that passes without it stands."""
+    code, ok, message = finding
+    host = env_section.get("host_overlay") or {}
+    missing = [m for m in host.get("missing") or [] if isinstance(m, Mapping)]
+    if ok or not missing or code == "runner_tampered":
+        return finding
+    named = "; ".join(f"{m.get('requirement')} ({m.get('why')})" for m in missing[:5])
+    return ("environment_unavailable", False,
+            f"the session installed distributions the Host could not install itself from "
+            f"the index or wheelhouse pip is configured with: {named}; the declared tests "
+            f"fail without them ({code}: {message[:600]}). Install only what the index "
+            f"serves (name==version), or declare the code the tests need.")
 
 
 def _is_test_file(rel: str) -> bool:

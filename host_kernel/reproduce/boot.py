@@ -31,7 +31,7 @@ from host_kernel.reproduce.plugin import ReportingRunner, ReportPlugin
 
 
 def main(argv: list[str]) -> int:
-    report, runner, paths, declared = "", "pytest", [], ""
+    report, runner, paths, declared, sites = "", "pytest", [], "", []
     while argv and argv[0] != "--":
         flag, value, argv = argv[0], argv[1], argv[2:]
         if flag == "--report":
@@ -42,9 +42,15 @@ def main(argv: list[str]) -> int:
             paths.append(value)
         elif flag == "--declared":
             declared = value
+        elif flag == "--site":
+            sites.append(value)
     args = argv[1:]
     sys.argv[1:] = args  # the report's path is not left for test code to find
     sys.path[:0] = paths
+    # The Host-built overlay goes after the standard library and before site-packages:
+    # it can add and upgrade distributions, never stand in for a module of the stdlib.
+    at = next((i for i, p in enumerate(sys.path) if p.endswith("site-packages")), len(sys.path))
+    sys.path[at:at] = sites
     if runner == "unittest":
         ReportingRunner.report_path = report
         program = unittest.main(module=None, argv=["python -m unittest", *args],

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from ..sandbox.client import Sandbox, SandboxError, probe
-from ..sandbox.policy import Policy
 from ..store.blobs import FileBlobStore
 from .environment import (
     HashCheckCache,
@@ -52,6 +51,7 @@ from .environment import (
 )
 from .invocation import Invocation
 from .tree import BaselineError, build_tree, tree_digest
+from .world import HostOverlay, HostOverlays, reproduction_policy, requirements_of
 
 __all__ = ["Limits", "Plan", "Reproducer", "read_report"]
 
@@ -111,10 +111,19 @@ class Reproducer:
 
     def __init__(self, blobs: FileBlobStore, *, hidden: Sequence[str | os.PathLike[str]] = (),
                  overlay: Path | None = None, limits: Limits | None = None,
-                 confine: bool = True, base: Path | None = None) -> None:
+                 confine: bool = True, base: Path | None = None,
+                 overlays: HostOverlays | None = None) -> None:
         self.blobs = blobs
         self.hidden = [os.fspath(h) for h in hidden]
+        #: The kernel's own overlay: read for its names and versions and checked, never
+        #: imported by a reproduction (reproduce/world.py).
         self.overlay = overlay if overlay is not None and overlay.is_dir() else None
+        #: Where the Host installs the session's distributions itself.
+        self.overlays = overlays or HostOverlays()
+        self._site: Path | None = None
+        #: The requirement set to install instead of the kernel overlay's (``audit
+        #: --reproduce`` sets the one a verdict recorded).
+        self.requirements: list[str] | None = None
         self.limits = limits or Limits()
         self.confine = confine
         self._base = base
@@ -130,12 +139,25 @@ class Reproducer:
     def environment(self) -> tuple[dict[str, Any], list[str]]:
         """The environment section (interpreter, distributions, digest) and its problems."""
         identity = interpreter_identity()
-        problems, overlay_dists, overlay_digest = check_overlay(self.overlay, self._checked)
+        problems, overlay_dists, _ = check_overlay(self.overlay, self._checked)
+        requirements, ignored = requirements_of(self.overlay)
+        if self.requirements is not None:
+            requirements, ignored = list(self.requirements), []
+        try:
+            host = self.overlays.get(requirements)
+        except OSError as exc:
+            host = HostOverlay(tuple(requirements), None, (),
+                               tuple((r, f"the Host could not install it: {exc}")
+                                     for r in requirements), "")
+        self._site = host.path
         section = {
             "interpreter": identity["executable"], "python": identity["version"],
             "distributions": [f"{n}=={v}" for n, v in identity["distributions"]],
             "overlay": [f"{n}=={v}" for n, v in overlay_dists],
-            "digest": environment_digest(identity, overlay_digest),
+            "host_overlay": host.to_dict() | {"ignored": ignored},
+            # The whole import world but the tree (each section has its tree digest):
+            # the interpreter, its distributions, and what the Host installed.
+            "digest": environment_digest(identity, host.digest),
         }
         return section, problems
 
@@ -221,8 +243,8 @@ class Reproducer:
         # As `python -m` with PYTHONPATH would: its own folder first, then the overlay.
         if inv.cwd_on_path:
             boot += ["--path", str(run.tree / inv.cwd)]
-        if self.overlay is not None:
-            boot += ["--path", str(self.overlay)]
+        if self._site is not None:
+            boot += ["--site", str(self._site)]  # after the standard library (boot.py)
         boot += ["--declared", str(run.folder / "declared.json")]
         if inv.runner == "unittest":
             return boot + ["--", *inv.args]
@@ -263,9 +285,9 @@ class Reproducer:
         argv = run.argv
         confinement = probe(None, network=network) if self.confine else None
         if confinement is not None and confinement.active:
-            policy = Policy.for_session(run.folder, tmp, self.hidden, network=network,
-                                        extra_read=[p for p in (self.overlay, self.pycache())
-                                                    if p is not None])
+            policy = reproduction_policy(run.folder, interpreter_identity(), [
+                str(p) for p in (self._site, self.pycache()) if p is not None],
+                self.hidden, network=network)
             confinement = probe(policy, network=network)
             if confinement.active:
                 sandbox = Sandbox(policy, confinement.abi, memory=self.limits.memory)

@@ -67,6 +67,9 @@ CHECKS: dict[str, str] = {
     "reproduction_incomplete": "every test collected from the declared paths ran",
     "reproduction_timeout": "the reproduction finished within its time limit",
     "reproduction_error": "the Host could run the reproduction",
+    "environment_unavailable": "the distributions the session installed, which the Host "
+                               "installs again itself, are available from the configured "
+                               "index or wheelhouse, or the tests pass without them",
 }
 
 #: Codes of checks that read the agent's command string and printed output. Reproduction
