@@ -259,7 +259,7 @@ def test_a_ctrl_c_after_the_run_still_records_the_cell_with_its_outputs(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(host, "_cell_lineage", interrupted)
+    monkeypatch.setattr(host.cells, "cell_lineage", interrupted)
     with pytest.raises(KeyboardInterrupt):
         host.execute("print('done')")
     monkeypatch.undo()
@@ -275,7 +275,7 @@ def test_a_failure_of_the_host_after_the_run_keeps_the_cells_own_status(
     def broken(*args: object) -> None:
         raise RuntimeError("lineage broke")
 
-    monkeypatch.setattr(host, "_cell_lineage", broken)
+    monkeypatch.setattr(host.cells, "cell_lineage", broken)
     with pytest.raises(RuntimeError):
         host.execute("1 / 0")
     monkeypatch.undo()
