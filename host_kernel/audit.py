@@ -37,6 +37,7 @@ from ._paths import LEDGER_NAME
 from .host._workspace import file_sha256
 from .modes import TaskMode
 from .reproduce import RecordedRuns, Reproducer
+from .reproduce.world import recorded_requirements
 from .store.blobs import FileBlobStore
 from .store.ledger import (
     KEY_NAME,
@@ -363,10 +364,8 @@ def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: Audit
                             tuple(json.loads(session["signals"] or "[]")))
             given = body.get("verdict") or {}
             recorded = given.get("reproduction") or []
-            if live is not None:
-                # The same import world the Host built: the recorded requirement set, which
-                # the Host installs (or finds cached) again; never any kernel's overlay.
-                live.requirements = _recorded_requirements(recorded)
+            if live is not None:  # the import world the Host built, from its requirements
+                live.requirements = recorded_requirements(recorded)
             runs: Any = live or RecordedRuns(recorded)
             if "reproduction" not in given and mode.enforced:
                 runs = NOT_REPRODUCED
@@ -391,15 +390,6 @@ def _check_submissions(ledger: SQLiteLedger, blobs: FileBlobStore, report: Audit
     finally:
         if live is not None:
             live.close()
-
-
-def _recorded_requirements(recorded: list[dict[str, Any]]) -> list[str]:
-    for run in recorded:
-        host = (run.get("environment") or {}).get("host_overlay") or {}
-        reqs = host.get("requirements")
-        if isinstance(reqs, list):
-            return [str(r) for r in reqs]
-    return []
 
 
 def _compare_runs(where: str, recorded: list[dict[str, Any]], again: tuple[dict[str, Any], ...],

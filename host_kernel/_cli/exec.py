@@ -64,6 +64,11 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require-confinement", action="store_true",
                         help="refuse to run where Landlock confinement is unavailable "
                              "(exit 1) instead of running unconfined")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="with --mode codebase_change: the git revision the change is "
+                             "judged against (a commit you reviewed), read before the kernel "
+                             "starts; default: the Host's choice, refused when an earlier "
+                             "session could have written it")
     add_store_arguments(parser)
 
 
@@ -82,6 +87,9 @@ def _exec_options(args: argparse.Namespace, notebook: Path
             raise UsageError(str(exc)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError("--timeout must be a positive number of seconds")
+    if args.baseline is not None and mode != "codebase_change":
+        raise UsageError("--baseline names the revision a codebase_change is judged against; "
+                         "give it with --mode codebase_change")
     # Every notebook is read and checked before any runs: a bad one is a usage error at once.
     nb = read_notebook(notebook)
     return workdir, nb, writable_record(args.record), mode
@@ -124,7 +132,8 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     stopped_at: int | None = None
     host = Host(workdir, mode=mode, record_dir=record, front="cli",
                 network=not args.no_network, require_confinement=args.require_confinement,
-                pool=pool, **store_options(args))
+                pool=pool, **store_options(args),
+                **({"baseline": args.baseline} if args.baseline is not None else {}))
     t0 = time.monotonic()
     try:
         host.start()

@@ -115,6 +115,10 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                              "0 refuses host.delegate)")
     parser.add_argument("--subtask-timeout", metavar="S", type=float, default=None,
                         help="a sub-task's wall-clock limit in seconds (default 900)")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="with --mode codebase_change: the git revision the change is "
+                             "judged against (a commit you reviewed), read before the kernel "
+                             "starts")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_store_arguments(parser)
 
@@ -140,6 +144,9 @@ def _run_run(args: argparse.Namespace) -> int:
         raise UsageError("TASK is empty")
     if args.resume is not None and mode is not None:
         raise UsageError("--mode with --resume: a resumed session keeps its own mode")
+    if args.baseline is not None and (mode != "codebase_change" or args.resume is not None):
+        raise UsageError("--baseline names the revision a new codebase_change session is "
+                         "judged against; give it with --mode codebase_change")
     if args.budget_usd is not None and not args.budget_usd >= 0:
         raise UsageError("--budget-usd must be a number of dollars, 0 or more")
     bounds: dict[str, Any] = {}
@@ -179,6 +186,12 @@ def _run_run(args: argparse.Namespace) -> int:
     from .._errors import HostKernelError
 
     store = store_options(args)
+    if args.baseline is not None:
+        import inspect
+
+        if "baseline" not in inspect.signature(run_agent).parameters:
+            raise UsageError("--baseline: this agent loop cannot pass a baseline to its Host")
+        store["baseline"] = args.baseline
     with LLMClient(config) as llm:
         try:
             result = run_agent(

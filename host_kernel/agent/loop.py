@@ -221,6 +221,7 @@ def run_agent(
     ledger: str | None = None,
     ledger_key: bytes | None = None,
     blobs: str | None = None,
+    baseline: str | None = None,
 ) -> AgentResult:
     """Run one agent session on ``task`` in ``workdir`` and return how it ended.
 
@@ -252,6 +253,8 @@ def run_agent(
     the session and cell that delegated it. ``ledger``, ``ledger_key`` and ``blobs``
     go to the Host: a PostgreSQL ledger by URL, its record key, an fsspec blob store
     (docs/scale.md); the agent's own event stream stays in the record folder.
+    ``baseline`` names the revision a ``codebase_change`` session is judged against
+    (``Host(baseline=)``, docs/verification.md).
     """
     from ..skills import Catalog
 
@@ -286,7 +289,8 @@ def run_agent(
                               system_layers=layers, skills=catalog) if config else None
     options = HostOptions(front="agent", pool=pool, spare=spare, resume=resume,
                           delegator=delegator, skills=catalog, hide_paths=hide_paths,
-                          ledger=ledger, ledger_key=ledger_key, blobs=blobs)
+                          ledger=ledger, ledger_key=ledger_key, blobs=blobs,
+                          baseline=baseline)
     host = Host(workdir, mode=mode, request=task if resume is None else None,
                 record_dir=record_dir, options=options)
     worker = HostThread()  # made once the Host's arguments were accepted: never left running

@@ -6,6 +6,12 @@ a resumed session takes from its own ``session_started``), the
 Host ended or died, closing the record's sessions whose Host died, and the
 record's sessions lock that makes the last two exclusive between Hosts. It does
 not start kernels (host/_generations.py) or run cells (host/_cells.py).
+
+It also records the ``codebase_change`` baseline before any kernel of the
+session starts, with whether it is trusted (host/_baseline.py judges that): a
+revision the user named from outside (``Host(baseline=REV)``) is read then, or
+the Host stops. Every session records the HEAD it started on (``git_head``), so
+a later one can tell whether it moved.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import _version
-from .._errors import RecordError
+from .._errors import BadArguments, RecordError
 from .._procs import pid_alive
 from ..modes import TaskMode
 from ..reproduce import record_baseline
+from ..reproduce.tree import BaselineError, head_commit, read_revision
 from ..store.ledger import check_chain, rebuild
 from ..store.pg import PostgresLedger
+from ._baseline import BaselineHistory
 from ._record import SessionRecord
 
 __all__ = ["SESSIONS_LOCK_WAIT", "Launch", "Session"]
@@ -49,11 +57,13 @@ class Session:
     """One session of a record: its mode and request, and the events that open it."""
 
     def __init__(self, record: SessionRecord, workdir: Path, mode: TaskMode,
-                 request: str | None) -> None:
+                 request: str | None, baseline: str | None = None) -> None:
         self.record = record
         self.workdir = workdir
         self.mode = mode
         self.request = request
+        #: The revision the user named as the codebase_change baseline (HostOptions.baseline).
+        self.baseline = baseline
 
     @property
     def mode_body(self) -> dict[str, Any]:
@@ -78,18 +88,48 @@ class Session:
             # Held while this Host lives: another Host then knows the session is not
             # abandoned (the server lets the lock go when this process dies).
             ledger.claim(record.session_id)
+        # Before anything is recorded and any kernel starts: a revision the user named that
+        # cannot be read stops the Host here.
+        baseline = self._baseline()
+        head = baseline.get("commit") if baseline is not None else head_commit(self.workdir)
         record.append("session_started", {
             "workdir": str(self.workdir), "record_dir": str(record.record_dir),
             "mode": self.mode_body, "request": self.request,
             "host_version": _version.__version__, "front": launch.front, "pid": os.getpid(),
             "host": socket.gethostname(), "confinement": launch.confinement,
             "kernel_env": launch.kernel_env, **record.stores_named(),
+            **({"git_head": head} if isinstance(head, str) else {}),
         })
-        if self.mode.enforced and self.mode.name == "codebase_change":
+        if baseline is not None:
             # Before any cell runs: the bytes the change applies to, kept where the
             # kernel cannot reach (the workspace, .git included, is writable to it).
-            record.append("baseline_recorded", record_baseline(self.workdir, record.blobs))
+            record.append("baseline_recorded", baseline)
         self.close_abandoned(strict=False)
+
+    def _baseline(self) -> dict[str, Any] | None:
+        """The ``baseline_recorded`` body of an armed codebase_change session, with whether
+        it is trusted and why (None for other modes)."""
+        if not (self.mode.enforced and self.mode.name == "codebase_change"):
+            if self.baseline is not None:
+                raise BadArguments("baseline= names the revision a codebase_change is judged "
+                                   "against; arm mode='codebase_change' with it")
+            return None
+        blobs = self.record.blobs
+        if self.baseline is not None:
+            try:
+                named = read_revision(self.workdir, blobs, self.baseline)
+            except BaselineError as exc:
+                raise BaselineError(f"baseline {self.baseline!r}: {exc.message}",
+                                    code=exc.code) from None
+            return named | {"trusted": True, "chosen_by": "user", "revision": self.baseline}
+        history = BaselineHistory(self.record.ledger, self.record.session_id, self.workdir)
+        reused = history.first_files_baseline() if head_commit(self.workdir) is None else None
+        if reused is not None:
+            return reused
+        body = record_baseline(self.workdir, blobs)
+        if body.get("kind") == "unavailable":
+            return body
+        return body | history.judge(body)
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:

@@ -8,7 +8,9 @@ verdict's ``reproduction`` section. Modules:
 - ``invocation``: the cited command parsed into a structured invocation;
 - ``tree``: the workspace baseline and the tree built from the blob store;
 - ``environment``: interpreter identity, overlay RECORD checks, variables;
-- ``scan``: declared code that reaches into the runner;
+- ``scan``: declared code that reaches into the runner, and native code;
+- ``roles``: which files are tests or test configuration, and what a command reads;
+- ``regression``: the baseline's own tests, at their baseline bytes, on the change;
 - ``runner``: the confined, bounded run and its report;
 - ``boot`` and ``plugin``: the code that runs inside the reproduction.
 """
@@ -16,23 +18,26 @@ verdict's ``reproduction`` section. Modules:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .._errors import StorageError
 from ..store.blobs import FileBlobStore
 from .invocation import Invocation, InvocationRefused, parse
+from .regression import regression_runs
+from .roles import is_test_file, read_by, test_role
 from .runner import Limits, Plan, Reproducer
-from .scan import CONFIG_FILES, runner_hooks
+from .scan import CONFIG_FILES, native_code, runner_hooks
 from .tree import BaselineError, load_manifest, record_baseline
 
 __all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline",
-           "reproduce_evidence"]
+           "reproduce_evidence", "test_role"]
 
 #: The outcome of a run → the check code that refuses it.
 OUTCOME_CODES = {"tampered": "runner_tampered", "failed": "reproduction_failed",
                  "no_tests": "reproduction_no_tests", "incomplete": "reproduction_incomplete",
-                 "timeout": "reproduction_timeout", "error": "reproduction_error"}
+                 "timeout": "reproduction_timeout", "error": "reproduction_error",
+                 "tests_not_run": "tests_not_run"}
 
 Emit = Callable[[dict[str, Any]], None]
 #: (code, ok, message) triples, turned into the verifier's Check objects by the caller.
@@ -88,6 +93,11 @@ class Request:
     #: The session's baseline event body (codebase_change), or None.
     baseline: Mapping[str, Any] | None = None
     network: bool = False
+    #: Test files and test configuration this session wrote that exist now: path →
+    #: (sha256 of the bytes now, or "" when unknown; the bytes of a config file, else None).
+    written: Mapping[str, tuple[str, bytes | None]] = field(default_factory=dict)
+    #: The submission's intended behaviour changes: (test node id or file, reason).
+    intended: Sequence[tuple[str, str]] = ()
 
 
 def _manifest(request: Request, blobs: FileBlobStore) -> dict[str, tuple[str, int]]:
@@ -97,8 +107,18 @@ def _manifest(request: Request, blobs: FileBlobStore) -> dict[str, tuple[str, in
         sha = baseline.get("manifest_sha256")
         if not isinstance(sha, str):
             why = baseline.get("reason") or "the session recorded no baseline"
-            raise BaselineError(f"the workspace's baseline is unavailable ({why})",
+            raise BaselineError(f"the workspace's baseline is unavailable ({why}); the Host "
+                                f"cannot rebuild the workspace the change applies to",
                                 code="baseline_unavailable")
+        if baseline.get("trusted") is not True:
+            why = baseline.get("untrusted") or ("it was recorded by a Host that did not judge "
+                                                "whether a session could have written it")
+            raise BaselineError(
+                f"the workspace's baseline could have been written by a recorded session "
+                f"({why}), so its tests cannot judge the change; name the baseline from "
+                f"outside the session, a revision you reviewed: Host(baseline='REV'), "
+                f"host-kernel exec --baseline REV or host-kernel run --baseline REV",
+                code="baseline_untrusted")
         base = load_manifest(blobs, sha)
     for rel, sha in request.sources.items():
         base[rel] = (sha, base.get(rel, (sha, 0o644))[1])
@@ -112,8 +132,7 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
     try:
         manifest = _manifest(request, blobs)
     except BaselineError as exc:
-        return [("baseline_unavailable", False, f"{exc.message}; the Host cannot rebuild the "
-                                                f"workspace the change applies to")], []
+        return [(exc.code, False, exc.message)], []
     invocations: list[tuple[str, float | None, Invocation]] = []
     for command, cwd, duration in request.evidence:
         try:
@@ -139,6 +158,14 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
     roots = {"."} | {inv.cwd for _, _, inv in invocations if inv.cwd_on_path} | {
         rel.rsplit("/", 1)[0] if "/" in rel else "." for rel in manifest
         if rel.rsplit("/", 1)[-1].startswith("test") and rel.endswith(".py")}
+    native = _native(request.sources, blobs)
+    if native:
+        findings.append(("native_code_declared", False, "declared files a loader would run "
+                                                        "without any reading of them, so "
+                                                        "nothing vouches for what they do in "
+                                                        "the Host's run: " + "; ".join(native[:6])
+                                                        + "; declare source instead, and build "
+                                                        "nothing the tests load"))
     hooks = runner_hooks(declared, roots)
     if hooks:
         findings.append(("runner_tampered", False, "declared code reaches into the test "
@@ -152,6 +179,7 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
     sections: list[dict[str, Any]] = []
     if any(not ok for _, ok, _ in findings):
         return findings, sections
+    omitted = _undeclared(request, [inv for _, _, inv in invocations], blobs)
     if emit is not None and invocations:
         emit({"stream": "stdout", "text": f"reproducing {len(invocations)} test "
                                           f"command{'s' if len(invocations) != 1 else ''} "
@@ -163,9 +191,75 @@ def reproduce_evidence(request: Request, runs: Runs, blobs: FileBlobStore,
         section = dict(section, environment=env_section)
         sections.append(section)
         findings.append(_unavailable(_judge(command, section), env_section))
+        # A run refused for one reason can also leave declared test files unrun (runner.py).
+        findings += [(str(code), False, f"test evidence {command!r}: {why}")
+                     for code, why in section.get("also") or ()]
         if emit is not None:
             emit({"stream": "stdout", "text": f"  {command}: {_summary(section)}\n"})
+    if omitted:
+        findings.append(("test_undeclared", False, "test files or test configuration this "
+                                                   "session wrote, which the cited command "
+                                                   "collects or reads in the workspace, are "
+                                                   "not declared, so the Host's run judged "
+                                                   "less than the workspace holds: "
+                                                   + "; ".join(omitted[:10]) + "; declare "
+                                                   "each in source_files (saved), or remove "
+                                                   "it"))
+    if request.mode == "codebase_change" and all(ok for _, ok, _ in findings):
+        more, extra = _regression(request, manifest, runs, env_section, blobs, emit)
+        findings += more
+        sections += extra
     return findings, sections
+
+
+def _native(sources: Mapping[str, str], blobs: FileBlobStore) -> list[str]:
+    """Each declared file that is native code or loader-run (scan.native_code)."""
+    found: list[str] = []
+    for rel, sha in sorted(sources.items()):
+        try:
+            with blobs.open(sha) as src:
+                why = native_code(rel, src)
+        except (StorageError, OSError):
+            continue  # reported by the tree build
+        if why is not None:
+            found.append(why)
+    return found
+
+
+def _undeclared(request: Request, invocations: Sequence[Invocation],
+                blobs: FileBlobStore) -> list[str]:
+    """Test files and configs the session wrote, left out, that a cited command reads."""
+    baseline: dict[str, tuple[str, int]] = {}
+    sha = (request.baseline or {}).get("manifest_sha256")
+    if request.mode == "codebase_change" and isinstance(sha, str):
+        baseline = load_manifest(blobs, sha)
+    found: list[str] = []
+    for rel, (now, data) in sorted(request.written.items()):
+        if rel in request.sources or (rel in baseline and baseline[rel][0] == now):
+            continue  # judged at these bytes: declared, or the baseline's own
+        for inv in invocations:
+            why = read_by(inv, rel, data)
+            if why is not None:
+                found.append(f"{rel} ({why})")
+                break
+    return found
+
+
+def _regression(request: Request, manifest: Mapping[str, tuple[str, int]], runs: Runs,
+                env_section: Mapping[str, Any], blobs: FileBlobStore, emit: Emit | None,
+                ) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """The baseline's own tests at their baseline bytes, on the baseline and on the change."""
+    baseline = load_manifest(blobs, str((request.baseline or {})["manifest_sha256"]))
+    durations = [d for _, _, d in request.evidence if isinstance(d, (int, float))]
+
+    def run(plan: Plan) -> dict[str, Any]:
+        section = dict(runs.run(plan, env_section, emit), environment=env_section)
+        if emit is not None:
+            emit({"stream": "stdout", "text": f"  {plan.command}: {_summary(section)}\n"})
+        return section
+
+    return regression_runs(manifest, baseline, request.sources, request.intended, run, blobs,
+                           max(durations) if durations else None, request.network)
 
 
 def _unavailable(finding: Finding, env_section: Mapping[str, Any]) -> Finding:
@@ -185,12 +279,6 @@ def _unavailable(finding: Finding, env_section: Mapping[str, Any]) -> Finding:
             f"serves (name==version), or declare the code the tests need.")
 
 
-def _is_test_file(rel: str) -> bool:
-    """Named as pytest and unittest find tests by default: ``test*.py``, ``*_test.py``."""
-    name = rel.rsplit("/", 1)[-1]
-    return name.endswith(".py") and (name.startswith("test") or name.endswith("_test.py"))
-
-
 def _uncited_tests(sources: Mapping[str, str], invocations: Sequence[Invocation]) -> list[str]:
     """Declared test files under none of the commands' paths (a command without paths
     runs its own folder). Choosing *which files* run is selection too."""
@@ -200,7 +288,7 @@ def _uncited_tests(sources: Mapping[str, str], invocations: Sequence[Invocation]
         return any(root == "." or rel == root or rel.startswith(root.rstrip("/") + "/")
                    for root in roots)
 
-    return sorted(rel for rel in sources if _is_test_file(rel) and not cited(rel))
+    return sorted(rel for rel in sources if is_test_file(rel) and not cited(rel))
 
 
 def _summary(section: Mapping[str, Any]) -> str:
@@ -244,6 +332,8 @@ def _judge(command: str, section: Mapping[str, Any]) -> Finding:
         why = (f"the Host's run passed its {limit:g} s limit and was stopped with every "
                f"process it started; make the tests finish in time (unless the Host sets "
                f"another, the limit is 10 times your own run, at least 60 s)")
+    elif outcome == "tests_not_run":
+        why = str(section.get("why"))
     else:
         why = f"the Host could not run it: {section.get('error')}"
     return (code, False, f"{label}: {why}")

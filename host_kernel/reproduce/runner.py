@@ -15,8 +15,13 @@ verdict. The steps, in order:
 3. run it in a sandbox of its own (``host_kernel.sandbox``: writes only to its
    folder, reads nothing of the workspace or the record, no network unless
    allowed), with a wall-clock and an address-space limit, in a session of
-   its own so a timeout takes down every process it started;
-4. read the outcome from the report file the Host's plugin wrote, test by test.
+   its own so a timeout takes down every process it started; and, at the same
+   time, the **collection run**: the same launch with ``--collect``, in a
+   sandbox of its own, on a copy of the tree that neither run can write;
+4. read each run's report as it goes, over a pipe (``channel.py``), and judge
+   the outcome test by test against the collection run, the runner's exit
+   status and its own terminal summary (``outcome.py``), with every declared
+   test file required to show a passing test (``collection.py``).
 
 Results are cached by (tree digest, argv, environment digest) for the life of
 the Reproducer: submitting twice does not run the suite twice.
@@ -41,6 +46,8 @@ from typing import Any
 
 from ..sandbox.client import Sandbox, SandboxError, probe
 from ..store.blobs import FileBlobStore
+from .channel import Capture, Captured, Stream
+from .collection import expected_files, file_of
 from .environment import (
     HashCheckCache,
     check_overlay,
@@ -50,6 +57,7 @@ from .environment import (
     run_env,
 )
 from .invocation import Invocation
+from .outcome import Run, judge, read_report
 from .tree import BaselineError, build_tree, tree_digest
 from .world import HostOverlay, HostOverlays, reproduction_policy, requirements_of
 
@@ -98,12 +106,32 @@ class Plan:
 
 @dataclass
 class _Run:
+    """One process of a reproduction: the test run, or its collection run."""
+
+    #: The run's own folder (home, temp, its config): the only one it may write.
     folder: Path
     tree: Path
-    report: Path
-    out: Path
-    err: Path
+    collect: bool = False
     argv: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Started:
+    """A run under way: its process (None if it could not start), sandbox and pipes."""
+
+    run: _Run
+    capture: Capture
+    proc: subprocess.Popen[bytes] | None = None
+    sandbox: Sandbox | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Ended:
+    status: int | None
+    confined: bool
+    error: str | None
+    captured: Captured
 
 
 class Reproducer:
@@ -204,33 +232,42 @@ class Reproducer:
         }
         folder = self._folder()
         try:
-            run = _Run(folder, folder / "tree", folder / "report.jsonl", folder / "stdout",
-                       folder / "stderr")
+            run = _Run(folder / "run", folder / "run" / "tree")
+            # The collection run reads a copy no process of either run can write.
+            col = _Run(folder / "collect" / "own", folder / "collect" / "tree", collect=True)
             try:
                 build_tree(run.tree, plan.manifest, self.blobs)
             except BaselineError as exc:
                 return section | {"outcome": "error", "error": exc.message,
                                   "error_code": exc.code}
-            (folder / "declared.json").write_text(json.dumps(sorted(plan.declared)))
-            run.argv = self._argv(run, inv)
+            _copy_tree(run.tree, col.tree, plan.manifest)
+            col.folder.mkdir()
+            for r in (run, col):
+                (r.folder / "declared.json").write_text(json.dumps(sorted(plan.declared)))
+                r.argv = self._argv(r, inv)
             section["argv"] = run.argv[1:]
-            # Opened before the run: the plugin removes the name once it has opened it.
-            report_fd = os.open(run.report, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             started = time.monotonic()
-            try:
-                status, confined, error = self._launch(run, inv, timeout, plan.network)
-                report = _read_all(report_fd)
-            finally:
-                os.close(report_fd)
+            deadline = started + timeout
+            launched = [self._start(r, inv, plan.network) for r in (run, col)]
+            ran, collected = [self._end(s, deadline) for s in launched]
             section["duration"] = round(time.monotonic() - started, 3)
-            section["confined"] = confined
-            section["exit_status"] = status
-            section["output_tail"] = _tail(run.out, run.err)
-            if error is not None:
-                return section | {"outcome": "error", "error": error}
-            if status is None:
+            section["confined"] = ran.confined
+            section["exit_status"] = ran.status
+            section["output_tail"] = ran.captured.tail(OUTPUT_TAIL)
+            if ran.error is not None or collected.error is not None:
+                return section | {"outcome": "error", "error": ran.error or
+                                  f"the collection run: {collected.error}"}
+            if ran.status is None:
                 return section | {"outcome": "timeout"}
-            section.update(read_report(report, status))
+            if collected.status is None:
+                return section | {"outcome": "timeout", "error": "the collection run did "
+                                                                 "not finish in time"}
+            section.update(judge(
+                Run(ran.captured, ran.status), Run(collected.captured, collected.status),
+                runner=inv.runner, expected=expected_files(inv, plan.declared, plan.manifest),
+                file_of=file_of(inv, plan.manifest)))
+            section["collection"] = dict(section.get("collection") or {},
+                                         confined=collected.confined)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         self._cache[key] = section
@@ -238,8 +275,10 @@ class Reproducer:
 
     def _argv(self, run: _Run, inv: Invocation) -> list[str]:
         boot = [sys.executable, "-I", "-B", "-X", f"pycache_prefix={self.pycache()}",
-                "-m", "host_kernel.reproduce.boot", "--report", str(run.report),
-                "--runner", inv.runner]
+                "-m", "host_kernel.reproduce.boot", "--channel", "0",
+                "--runner", inv.runner, "--root", str(run.tree)]
+        if run.collect:
+            boot.append("--collect")
         # As `python -m` with PYTHONPATH would: its own folder first, then the overlay.
         if inv.cwd_on_path:
             boot += ["--path", str(run.tree / inv.cwd)]
@@ -251,9 +290,13 @@ class Reproducer:
         config = self._config(run)
         plugins = [a for name in interpreter_identity().get("pytest_plugins", ())
                    for a in ("-p", name)]
+        # The terminal summary is compared with the reports: never quieter than -q. boot.py
+        # imports the plugins before pytest does (pytest then warns it cannot rewrite them).
+        quieter = ["--verbosity=-1"] if _verbosity(inv.args) < -1 else []
         return boot + ["--", "-p", "no:cacheprovider", "-o", "addopts=", "-c", str(config),
                        "--rootdir", str(run.tree), "--confcutdir", str(run.tree),
-                       *plugins, *inv.args]
+                       *plugins, *inv.args, *quieter,
+                       "-W", "ignore::pytest.PytestAssertRewriteWarning"]
 
     @staticmethod
     def _config(run: _Run) -> Path:
@@ -273,56 +316,106 @@ class Reproducer:
         empty.write_text("[pytest]\n")
         return empty
 
-    def _launch(self, run: _Run, inv: Invocation, timeout: float,
-                network: bool) -> tuple[int | None, bool, str | None]:
-        """Run the argv; (exit status or None on timeout, confined?, error)."""
+    def _start(self, run: _Run, inv: Invocation, network: bool) -> _Started:
+        """Start one run, its pipes read as it goes (``channel.py``)."""
         home, tmp = run.folder / "home", run.folder / "tmp"
         home.mkdir()
         tmp.mkdir()
         env = run_env(home, tmp)
         cwd = run.tree / inv.cwd  # parse() refused a folder that holds no declared file
-        sandbox: Sandbox | None = None
+        started = _Started(run, Capture())
         argv = run.argv
         confinement = probe(None, network=network) if self.confine else None
         if confinement is not None and confinement.active:
-            policy = reproduction_policy(run.folder, interpreter_identity(), [
-                str(p) for p in (self._site, self.pycache()) if p is not None],
-                self.hidden, network=network)
+            reads = [str(p) for p in (self._site, self.pycache()) if p is not None]
+            if run.collect:
+                reads.append(str(run.tree))  # read, never written
+            policy = reproduction_policy(run.folder, interpreter_identity(), reads,
+                                         self.hidden, network=network)
             confinement = probe(policy, network=network)
             if confinement.active:
-                sandbox = Sandbox(policy, confinement.abi, memory=self.limits.memory)
-                argv = sandbox.argv(run.argv)
-        with open(run.out, "wb") as out, open(run.err, "wb") as err:
-            try:
-                proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=err, start_new_session=True,
-                                        pass_fds=sandbox.pass_fds if sandbox else ())
-            except OSError as exc:
-                if sandbox is not None:
-                    sandbox.close()
-                return None, sandbox is not None, f"the runner could not start: {exc}"
+                started.sandbox = Sandbox(policy, confinement.abi, memory=self.limits.memory)
+                argv = started.sandbox.argv(run.argv)
+        stdin, stdout, stderr = started.capture.child_fds()
         try:
-            if sandbox is not None:
-                try:
-                    sandbox.started()
-                except SandboxError as exc:
-                    _kill(proc)
-                    return None, True, str(exc)
-            elif self.limits.memory:
-                try:
-                    resource.prlimit(proc.pid, resource.RLIMIT_AS,
-                                     (self.limits.memory, self.limits.memory))
-                except OSError:
-                    pass
+            started.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                start_new_session=True,
+                pass_fds=started.sandbox.pass_fds if started.sandbox else ())
+        except OSError as exc:
+            started.capture.close()
+            if started.sandbox is not None:
+                started.sandbox.close()
+            started.error = f"the runner could not start: {exc}"
+            return started
+        started.capture.start()
+        if started.sandbox is not None:
             try:
-                status: int | None = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                status = None
+                started.sandbox.started()
+            except SandboxError as exc:
+                started.error = str(exc)
+        elif self.limits.memory:
+            try:
+                resource.prlimit(started.proc.pid, resource.RLIMIT_AS,
+                                 (self.limits.memory, self.limits.memory))
+            except OSError:
+                pass
+        return started
+
+    def _end(self, started: _Started, deadline: float) -> _Ended:
+        """Wait for a run until ``deadline``; end it with everything it started, and take
+        what was read. ``status`` is None on a timeout."""
+        confined = started.sandbox is not None
+        proc = started.proc
+        if proc is None:
+            return _Ended(None, confined, started.error, Captured([], b"", False, Stream(),
+                                                                  Stream()))
+        status: int | None = None
+        try:
+            if started.error is None:
+                try:
+                    status = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    status = None
         finally:
-            if sandbox is not None:
-                sandbox.close()
+            if started.sandbox is not None:
+                started.sandbox.close()
             _kill(proc)
-        return status, sandbox is not None, None
+        return _Ended(status, confined, started.error, started.capture.finish())
+
+
+def _copy_tree(src: Path, dest: Path, manifest: Mapping[str, tuple[str, int]]) -> None:
+    """A copy of the tree just built (``sendfile``, no second read of the store)."""
+    made: set[str] = set()
+    for rel, (_, mode) in manifest.items():
+        target = dest / rel
+        parent = str(target.parent)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        shutil.copyfile(src / rel, target)
+        os.chmod(target, mode)
+
+
+def _verbosity(args: Sequence[str]) -> int:
+    """pytest's verbosity from the flags the Host reproduces (``-q`` lowers, ``-v`` raises)."""
+    level = 0
+    words = list(args)
+    for i, word in enumerate(words):
+        if word in ("-q", "--quiet"):
+            level -= 1
+        elif word in ("-qq", "-qqq"):
+            level -= len(word) - 1
+        elif word in ("-v", "--verbose", "-vv", "-vvv"):
+            level += 1 if word in ("-v", "--verbose") else len(word) - 1
+        elif word.startswith("--verbosity"):
+            value = word.split("=", 1)[1] if "=" in word else \
+                (words[i + 1] if i + 1 < len(words) else "0")
+            try:
+                level = int(value)
+            except ValueError:
+                pass
+    return level
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -336,111 +429,3 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _tail(out: Path, err: Path) -> str:
-    text = ""
-    for path in (out, err):
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - OUTPUT_TAIL))
-                text += f.read().decode("utf-8", "replace")
-        except OSError:
-            pass
-    return text[-OUTPUT_TAIL:]
-
-
-def _read_all(fd: int, limit: int = 64 * 1024 * 1024) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit and (chunk := os.read(fd, 1 << 20)):
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def read_report(data: bytes, exit_status: int | None = 0) -> dict[str, Any]:
-    """Counts and outcome from the plugin's report, test by test (never from stdout).
-
-    The runner's own exit status must agree: a report of nothing but passes from a
-    run that exited non-zero says the report was written by someone else.
-    """
-    phases: dict[str, list[tuple[str, str, bool]]] = {}
-    texts: dict[str, str] = {}
-    collected: dict[str, Any] | None = None
-    finished: dict[str, Any] | None = None
-    collect_errors: list[str] = []
-    tampered: list[str] = []
-    deselected = 0
-    for line in data.splitlines()[:200_000]:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
-            continue
-        kind = event.get("event")
-        if kind == "phase":
-            nodeid = str(event.get("nodeid"))
-            phases.setdefault(nodeid, []).append((str(event.get("when")),
-                                                  str(event.get("outcome")),
-                                                  bool(event.get("xfail"))))
-            if event.get("text") and nodeid not in texts:
-                texts[nodeid] = str(event["text"])
-        elif kind == "collected" and collected is None:
-            collected = event
-        elif kind == "deselected":
-            deselected += int(event.get("count", 0))
-        elif kind == "collect_error":
-            collect_errors.append(f"{event.get('nodeid')}: {str(event.get('text'))[-400:]}")
-        elif kind == "finished":
-            finished = event
-        elif kind == "tampered":
-            tampered += [str(h) for h in event.get("hooks", ())]
-    counts = {"collected": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
-              "xfailed": 0, "deselected": deselected, "not_run": 0,
-              "collect_errors": len(collect_errors)}
-    failing: list[str] = []
-    for nodeid, seen in phases.items():
-        outcome = _test_outcome(seen)
-        counts[outcome] += 1
-        if outcome in ("failed", "errors"):
-            failing.append(nodeid)
-    if collected is not None:
-        counts["collected"] = int(collected.get("before", 0))
-        removed = int(collected.get("removed_count", 0))
-        counts["deselected"] = max(deselected, removed)
-    counts["not_run"] = max(0, counts["collected"] - len(phases))
-    if tampered:
-        outcome = "tampered"
-    elif collect_errors or counts["failed"] or counts["errors"]:
-        outcome = "failed"
-    elif finished is None or collected is None or counts["deselected"] or counts["not_run"]:
-        outcome = "incomplete"
-    elif counts["passed"] < 1:
-        outcome = "no_tests"
-    elif exit_status != 0:
-        outcome = "failed"
-        collect_errors.append(f"the runner exited {exit_status} although its report shows "
-                              f"no failure: the report was not the runner's own")
-    else:
-        outcome = "passed"
-    return {"outcome": outcome, "counts": counts, "finished": finished is not None,
-            "tampered": sorted(set(tampered))[:20],
-            "failing": failing[:20], "failures": [texts[n][-800:] for n in failing[:3]
-                                                  if n in texts] + collect_errors[:3]}
-
-
-def _test_outcome(seen: list[tuple[str, str, bool]]) -> str:
-    """One test's outcome from its phases (setup, call, teardown)."""
-    outcome = "passed"
-    for when, result, xfail in seen:
-        if result == "failed":
-            return "failed" if when == "call" else "errors"
-        if result == "error":
-            return "errors"
-        if result == "skipped":
-            outcome = "xfailed" if xfail else "skipped"
-    if not any(when == "call" for when, _, _ in seen) and outcome == "passed":
-        return "errors"  # set up and torn down, never called
-    return outcome

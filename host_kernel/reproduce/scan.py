@@ -21,6 +21,13 @@ inside the runner's process:
 It is a reading, not a proof: code determined to hide what it does from a
 reader can (``exec`` of a built string). The reproduction's outcome is still
 the runner's; this check names the ways in that a reviewer would want to see.
+
+It also owns :func:`native_code`: whether a declared file is something a loader
+runs without any reading of it, by name (``.so``, ``.pyd``, ``.dylib``, ``.dll``,
+``.pth``, ``.egg``, ``.whl``, ``.pyz``) or by content whatever its name (an ELF,
+Mach-O or PE image; an archive holding modules, which ``zipimport`` imports):
+none of it may be in a reproduction tree (``native_code_declared``). Data in
+binary formats (images, arrays, archives of data) is not code and stays.
 """
 
 from __future__ import annotations
@@ -28,10 +35,12 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
+from typing import BinaryIO
 
-__all__ = ["runner_hooks"]
+__all__ = ["native_code", "runner_hooks"]
 
 HOOKS = frozenset({
     "pytest_runtest_makereport", "pytest_report_teststatus", "pytest_runtest_logreport",
@@ -49,6 +58,17 @@ CONFTEST_NAMES = frozenset({"pytest_plugins", "collect_ignore", "collect_ignore_
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "iniconfig", "py", "host_kernel",
                             "sitecustomize", "usercustomize"})
 CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
+#: Names a loader runs or maps without reading them as source.
+NATIVE_NAME = re.compile(r"\.(so(\.\d+)*|pyd|dylib|dll|pth|egg|whl|pyz)$", re.IGNORECASE)
+#: Leading bytes of executable images.
+MAGIC = ((b"\x7fELF", "an ELF image (a shared library or program)"),
+         (b"\xfe\xed\xfa\xce", "a Mach-O image"), (b"\xce\xfa\xed\xfe", "a Mach-O image"),
+         (b"\xfe\xed\xfa\xcf", "a Mach-O image"), (b"\xcf\xfa\xed\xfe", "a Mach-O image"),
+         (b"\xca\xfe\xba\xbe", "a Mach-O universal image (or a Java class)"),
+         (b"\xbe\xba\xfe\xca", "a Mach-O universal image"))
+#: Members of an archive that make it importable code (zipimport, an egg).
+ARCHIVE_CODE = re.compile(r"(\.(py|pyc|pyo|pyw|so|pyd|dylib|dll|pth)$)|(^|/)EGG-INFO/",
+                          re.IGNORECASE)
 CONFIG_KEYS = re.compile(r"^\s*(python_files|python_classes|python_functions|norecursedirs|"
                          r"addopts|testpaths|collect_ignore|required_plugins|pytest_plugins)\s*=",
                          re.MULTILINE)
@@ -120,3 +140,38 @@ def _scan(rel: str, tree: ast.AST, conftest: bool) -> list[str]:
                     found.append(f"{where}: sets {target.id}, which changes what the runner "
                                  f"loads or collects")
     return found
+
+
+def native_code(rel: str, src: BinaryIO) -> str | None:
+    """What makes the declared file ``rel`` (its bytes readable from ``src``) code that a
+    loader runs unread, or None for source and data."""
+    name = PurePosixPath(rel).name
+    m = NATIVE_NAME.search(name)
+    if m:
+        return f"{rel}: a {m.group(0)} file, which the loader runs or maps as it is"
+    head = src.read(4096)
+    for magic, what in MAGIC:
+        if head.startswith(magic):
+            return f"{rel}: {what}, whatever its name says"
+    if head[:2] == b"MZ" and len(head) >= 0x40:
+        offset = int.from_bytes(head[0x3c:0x40], "little")
+        if offset + 4 <= len(head):
+            pe = head[offset:offset + 4]
+        else:
+            src.seek(offset)
+            pe = src.read(4)
+        if pe == b"PE\0\0":
+            return f"{rel}: a PE image (a Windows program or DLL), whatever its name says"
+    try:
+        src.seek(0)
+        if not zipfile.is_zipfile(src):
+            return None
+        src.seek(0)
+        with zipfile.ZipFile(src) as archive:
+            code = [n for n in archive.namelist() if ARCHIVE_CODE.search(n)]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, NotImplementedError):
+        return None
+    if code:
+        return (f"{rel}: an archive of modules ({', '.join(code[:3])}), which zipimport "
+                f"imports without any reading of the declared files")
+    return None

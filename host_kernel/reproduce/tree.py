@@ -1,15 +1,21 @@
 """The workspace's baseline and the reproduction tree built from the blob store.
 
-Owns two things:
+Owns three things:
 
 - :func:`record_baseline`: at the start of a ``codebase_change`` session,
   before any cell runs, the workspace's files as they are then. In a git
-  repository that is the HEAD commit, read with git's own plumbing
-  (``ls-tree``, ``cat-file --batch``); elsewhere the workspace's files. Either
-  way every file's bytes go into the blob store (deduplicated) and a manifest
-  ``{path: [sha256, mode]}`` is stored as a blob too, so the baseline is
-  evidence the kernel cannot change afterwards (``.git`` is in the writable
-  workspace; the blob store is not).
+  repository that is the HEAD commit (or the revision the user named,
+  :func:`read_revision`), read with ``git cat-file --batch`` and every object
+  on the way, commit, trees and blobs, checked against its id, so a commit id
+  stands for exactly one tree whatever was written under ``.git``; elsewhere
+  the workspace's files. Either way every file's bytes go into the blob store
+  (deduplicated) and a manifest ``{path: [sha256, mode]}`` is stored as a blob
+  too, so the baseline is evidence the kernel cannot change afterwards
+  (``.git`` is in the writable workspace; the blob store is not).
+- what the Host needs to judge whether a recorded session could have written
+  that baseline (the decision is the Host's, host/_session.py):
+  :func:`head_commit`, :func:`git_dirs` and :func:`changed_within` (entries
+  whose change time, which no process can set back, falls while a session ran).
 - :func:`build_tree`: a fresh folder holding exactly a manifest's files, copied
   from the blob store (never hardlinked: the tree is writable by the tests, the
   store must not be), each checked against its sha256 as it is copied.
@@ -32,7 +38,8 @@ from typing import Any
 from .._errors import StorageError
 from ..store.blobs import FileBlobStore, open_beneath
 
-__all__ = ["Baseline", "BaselineError", "build_tree", "record_baseline", "tree_digest"]
+__all__ = ["Baseline", "BaselineError", "build_tree", "changed_within", "git_dirs", "head_commit",
+           "load_manifest", "read_revision", "record_baseline", "taken", "tree_digest"]
 
 #: A baseline holds at most this many files, and this many bytes in all.
 MAX_BASELINE_FILES = 50_000
@@ -55,20 +62,21 @@ def _skip_file(rel: str) -> bool:
     return rel.endswith(SKIP_SUFFIXES) or any(p in SKIP_DIRS for p in parts[:-1])
 
 
+def taken(rel: str) -> bool:
+    """Whether a workspace file at ``rel`` would be taken into a baseline of its files."""
+    return not _skip_file(rel)
+
+
 def record_baseline(workspace: Path, blobs: FileBlobStore) -> Baseline:
     """Snapshot the workspace into the blob store; the returned dict goes into the record."""
-    try:
-        head = _git(workspace, "rev-parse", "--verify", "-q", "HEAD^{commit}").strip()
-        top = _git(workspace, "rev-parse", "--show-toplevel").strip()
-    except (OSError, subprocess.CalledProcessError):
-        head = top = ""
-    if head and os.path.realpath(top) == os.path.realpath(workspace):
+    head = head_commit(workspace)
+    if head is not None:
         try:
             manifest = _from_git(workspace, head, blobs)
         except _TooLarge as exc:
             return {"kind": "unavailable", "reason": str(exc)}
-        except (OSError, subprocess.CalledProcessError, ValueError) as exc:
-            return {"kind": "unavailable", "reason": f"git could not list HEAD: {exc}"}
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            return {"kind": "unavailable", "reason": f"git could not read HEAD: {exc}"}
         source: dict[str, Any] = {"kind": "git", "commit": head}
     else:
         try:
@@ -76,9 +84,123 @@ def record_baseline(workspace: Path, blobs: FileBlobStore) -> Baseline:
         except _TooLarge as exc:
             return {"kind": "unavailable", "reason": str(exc)}
         source = {"kind": "files"}
+    return source | _stored(manifest, blobs)
+
+
+def read_revision(workspace: Path, blobs: FileBlobStore, revision: str) -> Baseline:
+    """The tree of ``revision`` (a commit id, branch, tag or ``HEAD~2``), which the user
+    named from outside the session; BaselineError when it cannot be read."""
+    if not revision or revision.startswith("-") or any(ch in revision for ch in "\0\n\r"):
+        raise BaselineError(f"{revision!r} is not a git revision", code="baseline_unavailable")
+    if not _is_toplevel(workspace):
+        raise BaselineError(f"the workspace {workspace} is not the top folder of a git "
+                            f"repository, so no revision can be its baseline",
+                            code="baseline_unavailable")
+    try:
+        commit = _git(workspace, "rev-parse", "--verify", "-q", "--end-of-options",
+                      f"{revision}^{{commit}}").strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    if not commit:
+        raise BaselineError(f"{revision!r} names no commit of the workspace's repository",
+                            code="baseline_unavailable")
+    try:
+        manifest = _from_git(workspace, commit, blobs)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        raise BaselineError(f"git could not read {revision!r} ({commit[:12]}): {exc}",
+                            code="baseline_unavailable") from None
+    return {"kind": "git", "commit": commit} | _stored(manifest, blobs)
+
+
+def _stored(manifest: Manifest, blobs: FileBlobStore) -> dict[str, Any]:
     ref = blobs.put_bytes(_manifest_bytes(manifest))
-    return source | {"manifest_sha256": ref.sha256, "files": len(manifest),
-                     "bytes": sum(_size(blobs, sha) for sha, _ in manifest.values())}
+    return {"manifest_sha256": ref.sha256, "files": len(manifest),
+            "bytes": sum(_size(blobs, sha) for sha, _ in manifest.values())}
+
+
+def _is_toplevel(workspace: Path) -> bool:
+    if not os.path.lexists(workspace / ".git"):
+        return False  # not a repository's top folder (git would look in the folders above)
+    try:
+        top = _git(workspace, "rev-parse", "--show-toplevel").strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return bool(top) and os.path.realpath(top) == os.path.realpath(workspace)
+
+
+def head_commit(workspace: Path) -> str | None:
+    """The HEAD commit when the workspace is the top folder of a git repository."""
+    if not _is_toplevel(workspace):
+        return None
+    try:
+        head = _git(workspace, "rev-parse", "--verify", "-q", "HEAD^{commit}").strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head or None
+
+
+def git_dirs(workspace: Path) -> list[Path]:
+    """The repository's own folders (its git dir and common dir, wherever they are) and
+    the workspace's ``.git`` entry: everything whose change would change what a revision
+    means or what the user's next commit holds."""
+    found = [workspace / ".git"]
+    try:
+        out = _git(workspace, "rev-parse", "--absolute-git-dir", "--git-common-dir")
+    except (OSError, subprocess.SubprocessError):
+        return found
+    for line in out.splitlines():
+        path = Path(line) if os.path.isabs(line) else workspace / line
+        real = Path(os.path.realpath(path))
+        if real not in found:
+            found.append(real)
+    return found
+
+
+def changed_within(roots: list[Path], windows: list[tuple[float, float | None]],
+                   limit: int = 200_000, skip: frozenset[str] = frozenset()
+                   ) -> tuple[list[tuple[str, float]], bool]:
+    """Entries under ``roots`` (files and folders, symlinks not followed; a folder's change
+    time moves when an entry is added, removed or renamed in it) whose change time falls
+    in a window ``(start, end)`` (``end`` None: still open), in wall-clock seconds.
+
+    Returns (path, change time) pairs, at most 50, and whether ``limit`` entries were
+    looked at before the walk was done (then the answer is incomplete).
+    """
+    found: list[tuple[str, float]] = []
+    seen = 0
+
+    def inside(ctime: float) -> bool:
+        return any(start <= ctime and (end is None or ctime <= end) for start, end in windows)
+
+    stack: list[str] = []
+    for root in roots:
+        try:
+            info = os.lstat(root)
+        except OSError:
+            continue
+        if inside(info.st_ctime):
+            found.append((str(root), info.st_ctime))
+        if stat.S_ISDIR(info.st_mode):
+            stack.append(str(root))
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > limit:
+                return found[:50], True
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if inside(info.st_ctime) and len(found) < 50:
+                found.append((entry.path, info.st_ctime))
+            if stat.S_ISDIR(info.st_mode) and entry.name not in skip:
+                stack.append(entry.path)
+    return found, False
 
 
 def _size(blobs: FileBlobStore, sha: str) -> int:
@@ -97,57 +219,98 @@ def _git_env() -> dict[str, str]:
     and replace refs ignored: HEAD is read as it is."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env["GIT_NO_REPLACE_OBJECTS"] = "1"
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
     return env
 
 
+#: The Host runs git on a repository a session may have written: nothing it runs may
+#: start a program the repository's config names (fsmonitor, hooks).
+_GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
 def _git(workspace: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(workspace), *args], capture_output=True, text=True,
-                          check=True, env=_git_env(), timeout=60).stdout
+    return subprocess.run([*_GIT, "-C", str(workspace), *args], capture_output=True,
+                          text=True, check=True, env=_git_env(), timeout=60).stdout
+
+
+class _Objects:
+    """``git cat-file --batch``: objects by id, each checked against its id (git itself
+    does not re-hash what it reads, and ``.git`` is writable to the kernel)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.proc = subprocess.Popen([*_GIT, "-C", str(workspace), "cat-file", "--batch"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env=_git_env())
+        self.total = 0
+
+    def get(self, oid: str, want: str) -> bytes:
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(oid.encode() + b"\n")
+        proc.stdin.flush()
+        header = proc.stdout.readline().split()
+        if len(header) != 3 or header[1] != want.encode():
+            raise ValueError(f"git cat-file gave {header!r} for the {want} {oid}")
+        size = int(header[2])
+        self.total += size
+        if self.total > MAX_BASELINE_BYTES:
+            raise _TooLarge(f"the revision's files exceed {MAX_BASELINE_BYTES} bytes")
+        data = proc.stdout.read(size)
+        proc.stdout.read(1)
+        # The object's id is the hash of its content: what we store is what the id names.
+        algo = "sha1" if len(oid) == 40 else "sha256"  # a repository's object format
+        if len(data) != size or hashlib.new(
+                algo, b"%s %d\0" % (want.encode(), size) + data).hexdigest() != oid:
+            raise ValueError(f"git object {oid} does not match its id")
+        return data
+
+    def close(self) -> None:
+        proc = self.proc
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def _from_git(workspace: Path, commit: str, blobs: FileBlobStore) -> Manifest:
-    listing = _git(workspace, "ls-tree", "-r", "-z", "--full-tree", commit)
-    wanted: list[tuple[str, str, int]] = []
-    for entry in listing.split("\0"):
-        if not entry:
-            continue
-        meta, path = entry.split("\t", 1)
-        git_mode, kind, oid = meta.split()
-        if kind != "blob" or git_mode == "120000" or _skip_file(path):
-            continue  # submodules, symlinks and bytecode are not taken
-        wanted.append((path, oid, 0o755 if git_mode == "100755" else 0o644))
-    if len(wanted) > MAX_BASELINE_FILES:
-        raise _TooLarge(f"HEAD holds {len(wanted)} files; a baseline holds at most "
-                        f"{MAX_BASELINE_FILES}")
-    manifest: Manifest = {}
-    proc = subprocess.Popen(["git", "-C", str(workspace), "cat-file", "--batch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_git_env())
-    assert proc.stdin is not None and proc.stdout is not None
-    total = 0
+    objects = _Objects(workspace)
     try:
-        for path, oid, mode in wanted:
-            proc.stdin.write(oid.encode() + b"\n")
-            proc.stdin.flush()
-            header = proc.stdout.readline().split()
-            if len(header) != 3 or header[1] != b"blob":
-                raise ValueError(f"git cat-file gave {header!r} for {path}")
-            size = int(header[2])
-            total += size
-            if total > MAX_BASELINE_BYTES:
-                raise _TooLarge(f"HEAD's files exceed {MAX_BASELINE_BYTES} bytes")
-            data = proc.stdout.read(size)
-            proc.stdout.read(1)
-            # The object's id is the hash of its content: what we store is what HEAD holds.
-            algo = "sha1" if len(oid) == 40 else "sha256"  # a repository's object format
-            if hashlib.new(algo, b"blob %d\0" % size + data).hexdigest() != oid:
-                raise ValueError(f"git object {oid} for {path} does not match its id")
-            manifest[path] = (blobs.put_bytes(data).sha256, mode)
+        body = objects.get(commit, "commit")
+        first = body.split(b"\n", 1)[0].split()
+        if len(first) != 2 or first[0] != b"tree":
+            raise ValueError(f"commit {commit} names no tree")
+        wanted: list[tuple[str, str, int]] = []
+        raw_len = 20 if len(commit) == 40 else 32
+        folders = [("", first[1].decode())]
+        while folders:
+            prefix, oid = folders.pop()
+            data = objects.get(oid, "tree")
+            at = 0
+            while at < len(data):
+                space, nul = data.index(b" ", at), data.index(b"\0", at)
+                kind = data[at:space]
+                name = data[space + 1:nul].decode("utf-8", "surrogateescape")
+                child = data[nul + 1:nul + 1 + raw_len].hex()
+                at = nul + 1 + raw_len
+                if "/" in name or name in ("", ".", ".."):
+                    raise ValueError(f"tree {oid} holds the name {name!r}")
+                path = prefix + name
+                if kind == b"40000":
+                    folders.append((path + "/", child))
+                elif kind in (b"100644", b"100755", b"100664") and not _skip_file(path):
+                    wanted.append((path, child, 0o755 if kind == b"100755" else 0o644))
+                # symlinks (120000) and submodules (160000) are not taken
+            if len(wanted) > MAX_BASELINE_FILES:
+                raise _TooLarge(f"the revision holds more than {MAX_BASELINE_FILES} files; a "
+                                f"baseline holds at most {MAX_BASELINE_FILES}")
+        manifest: Manifest = {}
+        for path, oid, mode in sorted(wanted):
+            manifest[path] = (blobs.put_bytes(objects.get(oid, "blob")).sha256, mode)
+        return manifest
     finally:
-        proc.stdin.close()
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    return manifest
+        objects.close()
 
 
 def _from_files(workspace: Path, blobs: FileBlobStore) -> Manifest:

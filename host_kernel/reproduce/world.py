@@ -38,7 +38,8 @@ from ..sandbox.policy import Policy
 from .environment import HashCheckCache, check_overlay
 
 __all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "HostOverlay", "HostOverlays",
-           "read_allow_list", "reproduction_policy", "requirements_of"]
+           "read_allow_list", "recorded_requirements", "reproduction_policy",
+           "requirements_of"]
 
 #: System folders a Python process needs to run: shared libraries, the C library's
 #: locale and time-zone data, the interpreter's own executables. Read-only to every
@@ -125,6 +126,16 @@ def requirements_of(overlay: Path | None) -> tuple[list[str], list[str]]:
         ignored += reqs[MAX_REQUIREMENTS:]
         reqs = reqs[:MAX_REQUIREMENTS]
     return reqs, ignored
+
+
+def recorded_requirements(sections: list[dict[str, Any]]) -> list[str]:
+    """The requirement set a verdict's reproduction installed (for ``audit --reproduce``)."""
+    for section in sections:
+        host = (section.get("environment") or {}).get("host_overlay") or {}
+        reqs = host.get("requirements")
+        if isinstance(reqs, list):
+            return [str(r) for r in reqs]
+    return []
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,21 @@ CHECKS: dict[str, str] = {
     "reproduction_incomplete": "every test collected from the declared paths ran",
     "reproduction_timeout": "the reproduction finished within its time limit",
     "reproduction_error": "the Host could run the reproduction",
+    "tests_not_run": "every declared test file the cited command runs showed at least one "
+                     "test that ran and passed (none collected nothing, skipped at module "
+                     "level or errored at collection)",
+    "native_code_declared": "no declared file is native code or other code a loader runs "
+                            "unread (an ELF, Mach-O or PE image, a .so/.pyd/.dylib/.dll, a "
+                            ".pth, an archive of modules)",
+    "test_undeclared": "every test file or test configuration this session wrote that a "
+                       "cited command collects or reads in the workspace is declared",
+    "baseline_untrusted": "the codebase_change baseline is one no recorded session could "
+                          "have written: the first session's tree, a git revision no session "
+                          "touched, or a revision the user named (Host(baseline=))",
+    "regression": "every baseline test that passed on the baseline passes on the changed "
+                  "tree, run at its baseline bytes, unless intended_changes names it",
+    "intended_changes": "intended_changes, when given, lists baseline tests with a reason "
+                        "each (shown first to a reviewer)",
     "environment_unavailable": "the distributions the session installed, which the Host "
                                "installs again itself, are available from the configured "
                                "index or wheelhouse, or the tests pass without them",

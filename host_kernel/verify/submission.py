@@ -31,6 +31,9 @@ class Submission:
     entry_points: Any = None
     architecture_summary: Any = None
     test_evidence: Any = None
+    #: ``codebase_change``: baseline tests whose behaviour the change means to alter, each
+    #: ``{"test": node id or file, "reason": why}`` (shown first to a reviewer).
+    intended_changes: Any = None
     #: Set by the Host when the output could not be serialised in the kernel.
     output_error: str | None = None
 

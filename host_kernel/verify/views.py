@@ -81,6 +81,38 @@ class RecordView:
                 self.written.pop(path, None)
             else:
                 self.written[path] = sha
+        self._limit = limit
+
+    def session_writes(self) -> set[str]:
+        """Every workspace path this session's record says it wrote or moved into place,
+        whatever became of it since: ``host.write_file``/``edit_file``, what a
+        ``host.bash`` command changed (its receipt's changes and traced writes), and what
+        a cell's own code and its child processes wrote (the tracer's account; where a
+        cell was not traced, the kernel's audit hook, a hint that can only add paths)."""
+        paths: set[str] = {r["path"] for r in self.ledger.query(
+            "SELECT path FROM writes WHERE session = ? AND seq < ?", (self.session, self._limit))}
+
+        def add(traced: Any) -> None:
+            if not isinstance(traced, dict):
+                return
+            for key in ("writes", "between"):
+                paths.update(p for p in traced.get(key) or () if isinstance(p, str))
+            for pair in traced.get("renames") or ():
+                if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str):
+                    paths.add(pair[1])
+
+        for body in (b for bodies in self.receipts.values() for b in bodies):
+            paths.update(c["path"] for c in body.get("changes", ())
+                         if isinstance(c, dict) and isinstance(c.get("path"), str)
+                         and c.get("change") != "removed")
+            add(body.get("traced"))
+        for r in self.ledger.query("SELECT body FROM events WHERE session = ? AND "
+                                   "kind = 'cell_finished' AND seq < ?",
+                                   (self.session, self._limit)):
+            body = json.loads(r["body"])
+            add(body.get("traced"))
+            add(body.get("access"))
+        return {p for p in paths if p and not p.startswith("/")}
 
     def relative_cwd(self, cwd: Any) -> str:
         """A receipt's folder relative to the workspace ("." for the root; ".." when outside)."""
@@ -138,6 +170,10 @@ class RecordedFiles:
     def sha256(self, rel: str) -> str | None:
         return self.seen.get(rel)
 
+    def knows(self, rel: str) -> bool:
+        """Whether the verdict looked at ``rel`` (a None hash then means it did not exist)."""
+        return rel in self.seen
+
     def source(self, rel: str) -> bytes | None:
         sha = self.seen.get(rel)
         if sha is None:
@@ -176,6 +212,12 @@ class _Recording:
     def source(self, rel: str) -> bytes | None:
         data: bytes | None = self.files.source(rel)
         return data
+
+    def knows(self, rel: str) -> bool:
+        """False only when the files are as a verdict recorded them and it never looked at
+        ``rel``: its hash then says nothing of whether it existed."""
+        knows = getattr(self.files, "knows", None)
+        return True if knows is None else bool(knows(rel))
 
     def is_dir(self, rel: str) -> bool:
         key = rel.rstrip("/") + "/"
