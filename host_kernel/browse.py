@@ -25,7 +25,8 @@ from typing import Any, TextIO
 from .store.ledger import Ledger
 
 __all__ = ["ID_KINDS", "LIST_KINDS", "Match", "UnknownId", "find_id", "item", "list_rows",
-           "print_item", "print_rows", "session_id"]
+           "print_item", "print_json", "print_rows", "printable", "printable_json",
+           "session_id"]
 
 #: What ``ls`` lists, each with the key column its rows are named by.
 LIST_KINDS = {"sessions": "session", "cells": "cell_id", "receipts": "receipt_id",
@@ -284,7 +285,7 @@ def _cell_item(ledger: Ledger, cell_id: str
     sid = row["session"]
     on_cell = "cell_id = ? AND session = ?"
     return {**row, "code": stored["code"], "outputs": outputs,
-            "notice": finished.get("notice"),
+            "notice": finished.get("notice"), "output_cut": finished.get("output_cut"),
             "frontend_cell_id": stored["frontend_cell_id"]}, {
         "receipts": list_rows(ledger, "receipts", where=on_cell, params=(cell_id, sid)),
         "artifacts": list_rows(ledger, "artifacts", where=on_cell, params=(cell_id, sid)),
@@ -304,7 +305,7 @@ def _cell_item(ledger: Ledger, cell_id: str
 
 def print_json(value: Any, out: TextIO | None = None) -> None:
     stream = out or sys.stdout
-    stream.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    stream.write(printable_json(value) + "\n")
     stream.flush()
 
 
@@ -333,12 +334,44 @@ _TIME_KEYS = frozenset({"started", "ended", "saved", "decided", "ts"})
 _SHORT_KEYS = frozenset({"sha256"})
 _LONG = 60
 
-# Control characters a record's text may hold; shown escaped, never sent to the terminal.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# --------------------------------------------------------------------------- terminal text
+
+#: Characters a record's text may hold that are never written raw to a terminal: C0
+#: controls (ESC, CR, BEL, …), DEL, C1 controls (CSI …), and the marks that reorder or
+#: break lines (bidirectional embeddings, overrides and isolates; line and paragraph
+#: separators). Newline and tab are among them unless the text is shown as lines.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+_UNPRINTABLE_IN_LINES = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+#: What JSON leaves raw of those (it escapes C0 itself).
+_UNPRINTABLE_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return {9: "\\t", 10: "\\n", 13: "\\r"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` as the CLI prints anything a record holds: every control character
+    shown as its escape (``\\x1b``, ``\\r``, ``\\u202e``), nothing else changed, so a
+    file name, command or output can move no cursor, ring no bell, rewrite no line and
+    set no terminal title. With ``lines`` (text shown as several lines: code, output)
+    newlines and tabs stay; otherwise they are escaped too, so a name stays one line."""
+    return (_UNPRINTABLE_IN_LINES if lines else _UNPRINTABLE).sub(_escape, text)
+
+
+def printable_json(value: Any, indent: int | None = 2, *, ascii_only: bool = False) -> str:
+    """``value`` as JSON that is safe on a terminal, and still the same JSON: what
+    :func:`printable` escapes is written as ``\\uXXXX`` (with ``ascii_only``, every
+    character past ASCII too)."""
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    return _UNPRINTABLE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def _safe(text: str) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return printable(text, lines=True)
 
 
 def _when(value: Any) -> str:
@@ -368,8 +401,8 @@ def _cell_text(key: str, value: Any, row: dict[str, Any], *, full: bool = False)
     if key == "submissions" and "accepted" in row:
         return f"{value} ({row['accepted']} accepted)" if value else "0"
     if isinstance(value, list):
-        return ", ".join(_safe(str(v)) for v in value) or "-"
-    text = _safe(str(value))
+        return ", ".join(printable(str(v)) for v in value) or "-"
+    text = printable(str(value), lines=full)
     if full:
         return text
     if key in _SHORT_KEYS:
@@ -481,6 +514,10 @@ def print_item(match: Match, found: dict[str, Any], related: dict[str, list[dict
         if text.strip():
             printer(Text("outputs", style="bold"))
             printer(Text(_safe(text.rstrip("\n"))))
+        if isinstance(found.get("output_cut"), dict):  # what the cell's budget left out
+            from .host._render import cut_notice
+
+            printer(Text(printable(cut_notice(found["output_cut"]))))
     elif match.kind == "receipt":
         receipt = found.get("receipt") or {}
         printer(_pairs({**receipt, **found}, _ITEM_KEYS["receipt"] + _RECEIPT_KEYS))

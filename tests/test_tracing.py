@@ -197,9 +197,10 @@ def test_a_command_writing_through_a_hard_link_outside_the_workspace_keeps_its_c
     _write(workdir, "data/x.csv", "x\n1\n")
     receipt_id = last_line(traced, """
 r = host.bash('sleep 0.05; ln data/x.csv "$TMPDIR/h" && echo 2 >> "$TMPDIR/h"')
-assert r.exit_status == 0, r
 print(r.receipt_id)
 """)
+    # With a private view the workspace and $TMPDIR are separate bind mounts: ln gets
+    # EXDEV, the attack cannot be made, and the test says so below.
     if (workdir / "data/x.csv").read_text() != "x\n1\n2\n":
         pytest.skip("LOUD: the hard link could not be made here (another file system?)")
     body = receipt_body(traced, receipt_id)

@@ -128,9 +128,8 @@ def _kept_heads(path: str | None) -> dict[str, str] | None:
 
 
 def _audit_run(args: argparse.Namespace) -> int:
-    import json
-
     from ..audit import audit, audit_ledger, print_progress
+    from ..browse import printable, printable_json
 
     progress = print_progress if not args.json else lambda *a: None
     if args.ledger is not None:
@@ -153,17 +152,18 @@ def _audit_run(args: argparse.Namespace) -> int:
                        expect_head=args.expect_head, reproduce=args.reproduce,
                        progress=progress)
     if args.json:
-        print_line(json.dumps(report.to_dict(), indent=2))
+        print_line(printable_json(report.to_dict(), ascii_only=True))
     else:
-        for finding in report.findings:
-            print_line(str(finding))
+        for finding in report.findings:  # a finding quotes the record: paths, commands
+            print_line(printable(str(finding), lines=True))
         if report.head is not None:
             print_line(f"head: {report.head}")
         print_line(report.summary())
     fatal = [f for f in report.findings if f.fatal]
     if fatal:  # the findings above say it all; stderr gets the one line every command gives
         more = f" (and {len(fatal) - 1} more failures)" if len(fatal) > 1 else ""
-        raise CommandFailed(f"[{fatal[0].code}] {fatal[0].where}: {fatal[0].message}{more}")
+        raise CommandFailed(printable(f"[{fatal[0].code}] {fatal[0].where}: "
+                                      f"{fatal[0].message}{more}"))
     return EXIT_OK
 
 
@@ -194,9 +194,8 @@ def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _lineage_run(args: argparse.Namespace) -> int:
-    import json
-
     from .._errors import FileProblem
+    from ..browse import printable, printable_json
     from ..lineage.graph import record_lineage
 
     record = record_argument(args)
@@ -204,10 +203,14 @@ def _lineage_run(args: argparse.Namespace) -> int:
         graph = record_lineage(record, args.artifact_id)
     except FileProblem as exc:
         raise UsageError(exc.message) from None
+    # Names, paths and commands in the graph come from the record: each is printed with
+    # its control characters escaped (a name stays on its line), and so is the rest.
     renderers: dict[str, Callable[[], str]] = {
-        "text": graph.to_text, "mermaid": graph.to_mermaid, "dot": graph.to_dot,
-        "prov-json": lambda: json.dumps(graph.to_prov(), indent=2) + "\n",
-        "json": lambda: json.dumps(graph.to_dict(), indent=2) + "\n"}
+        "text": lambda: graph.to_text(escape=printable),
+        "mermaid": lambda: printable(graph.to_mermaid(), lines=True),
+        "dot": lambda: printable(graph.to_dot(), lines=True),
+        "prov-json": lambda: printable_json(graph.to_prov(), ascii_only=True) + "\n",
+        "json": lambda: printable_json(graph.to_dict(), ascii_only=True) + "\n"}
     sys.stdout.write(renderers[args.format]())
     sys.stdout.flush()
     return EXIT_OK
@@ -227,9 +230,8 @@ def _receipt_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _receipt_run(args: argparse.Namespace) -> int:
-    import json
-
     from .._errors import FileProblem
+    from ..browse import printable_json
     from ..lineage.graph import record_receipt_statement
 
     record = record_argument(args)
@@ -237,7 +239,7 @@ def _receipt_run(args: argparse.Namespace) -> int:
         statement = record_receipt_statement(record, args.receipt_id)
     except FileProblem as exc:
         raise UsageError(exc.message) from None
-    print_line(json.dumps(statement, indent=2))
+    print_line(printable_json(statement, ascii_only=True))
     return EXIT_OK
 
 

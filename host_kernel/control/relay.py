@@ -50,6 +50,7 @@ from jupyter_client.session import Session
 from .._errors import HostKernelError
 from ..host._outputs import Outputs
 from ..host._relay_support import KernelSockets, RelayHost, ResumeState
+from ..host._render import cut_notice
 from .handover import leave_marker, marker_path, start_sentinel, take_marker
 from .wire import DELIM, Frames, Heartbeat, has_message, send_frames
 
@@ -445,7 +446,12 @@ class Relay:
             count = msg.part(3).get("execution_count")
             inf.execution_count = count if isinstance(count, int) else None
         elif kind in OUTPUTS:
-            inf.outputs.add({"msg_type": kind, "header": header, "content": msg.part(3)})
+            # Kept within the cell's budget (host/_outputs.py): one that cannot fit is
+            # counted and hashed from its frame, never parsed. The frontend has it whole.
+            raw = msg.parts[3]
+            content = msg.part(3) if inf.outputs.wants(kind, len(raw)) else None
+            inf.outputs.add({"msg_type": kind, "header": header, "content": content,
+                             "raw": raw})
 
     def _kernel_stdin(self, frames: list[bytes]) -> None:
         assert self.kernel is not None
@@ -501,10 +507,13 @@ class Relay:
         self._inflight = None
         outputs = inf.outputs.final
         status = {"ok": "ok", "aborted": "aborted"}.get(str(reply.get("status")), "error")
-        if status == "ok" and any(o.get("output_type") == "error" for o in outputs):
+        if status == "ok" and inf.outputs.saw_error:
             status = "error"
+        cut = inf.outputs.cut
         self.host.finish_cell(status, inf.execution_count, outputs,
-                              dropped_chars=inf.outputs.dropped)
+                              dropped_chars=inf.outputs.dropped,
+                              notice=None if cut is None else cut_notice(cut),
+                              output_cut=cut)
         self._release(inf)
         if reply.get("status") == "error" and inf.stop_on_error:
             self._abort_held(inf.header.get("subshell_id"))

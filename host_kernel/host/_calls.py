@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import BadArguments, CallRefused, HostCallError, HostKernelError
+from .._errors import BadArguments, CallRefused, HostCallError
 from .._models import Verdict
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, SQLiteLedger
@@ -137,10 +137,8 @@ class Dispatcher:
 
     def _record_refusal(self, generation: int | None, running: RunningCell | None, name: str,
                         code: str, reason: str) -> None:
-        try:
-            self.ctx.record.append("call_refused", {
-                "generation": generation, "cell_id": None if running is None else running.cell_id,
-                "call": name[:200], "code": code, "reason": reason,
-            })
-        except HostKernelError:
-            pass  # the caller still gets the refusal; audit will show a missing ledger
+        # Once per cause (the code, and the cell when there is one): the first in full, the
+        # rest counted and their count recorded when the cell ends (host/_server.py).
+        self.ctx.cells.refusals.refused(generation,
+                                        None if running is None else running.cell_id,
+                                        name, code, reason)

@@ -28,7 +28,8 @@ from ._kernel import KernelGeneration
 from ._lineage import CellIO, SessionLineage
 from ._outputs import CellRun, Outputs, execution_count
 from ._record import SessionRecord
-from ._render import cell_header, cut, render_outputs
+from ._render import cell_header, cut, cut_notice, render_outputs
+from ._server import RefusalLog
 from ._session import Session
 from ._trace import TracedAccess, now_ns
 
@@ -90,6 +91,9 @@ class CellRunner:
         self._commands_lock = threading.Lock()
         self._confinement_told = False
         self._tracing_told = False
+        #: Refused calls, recorded once per cause; the counts are recorded as each cell
+        #: ends (host/_server.py, RefusalLog).
+        self.refusals = RefusalLog(record.append)
 
     def command_started(self, cell_id: str, proc: subprocess.Popen[bytes],
                         recorded: threading.Event) -> None:
@@ -138,11 +142,14 @@ class CellRunner:
                 }
                 if run.dropped_chars:
                     body["dropped_chars"] = run.dropped_chars
+                if run.output_cut is not None:
+                    body["output_cut"] = run.output_cut
                 if run.access is not None:
                     body["access"] = run.access
                 body.update(lineage_body)
                 self.record.append("cell_finished", body)
                 finished = True
+                self.refusals.flush()
             except BaseException as exc:  # Ctrl-C, or a failure of the Host's own
                 if not finished:           # never leave the cell `running` in the record
                     self._record_unfinished(kernel, cell_id, time.monotonic() - t0, exc,
@@ -161,7 +168,8 @@ class CellRunner:
                 told = self.generations.tracing_notice()
                 if told is not None:
                     notice = told if notice is None else f"{told} {notice}"
-            text = self.text(cell_id, run.status, outputs, notice, run.dropped_chars)
+            text = self.text(cell_id, run.status, outputs, notice, run.dropped_chars,
+                             run.output_cut)
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)
@@ -174,11 +182,13 @@ class CellRunner:
             old = kernel.generation
             self.generations.start("kernel_died")
             new = self.generations.generation
-            return join(notice, f"The kernel died while running this cell (generation "
-                                f"{old}). The Host started generation {new}: "
-                                f"every variable, import and object in memory is gone. "
-                                f"What survives: workspace files, saved artifacts and "
-                                f"the record.")
+            notice = join(notice, f"The kernel died while running this cell (generation "
+                                  f"{old}). The Host started generation {new}: "
+                                  f"every variable, import and object in memory is gone. "
+                                  f"What survives: workspace files, saved artifacts and "
+                                  f"the record.")
+            ended = self.generations.ended  # "limit reached: memory. …", or None
+            return notice if ended is None else join(notice, ended)
         if run.status == "interrupted":
             notice = join(notice, "The Host's own process was interrupted (Ctrl-C) while "
                                    "this cell ran; the Host interrupted the cell and kept "
@@ -241,9 +251,12 @@ class CellRunner:
                 outputs = [self.redactor.deep(o) for o in run.outputs]
             except Exception:  # noqa: BLE001 - the outputs are what made it fail
                 outputs = []
-        body = {"cell_id": cell_id, "status": status,
-                "execution_count": None if run is None else run.execution_count,
-                "outputs": outputs, "duration": duration, "notice": notice}
+        body: dict[str, Any] = {
+            "cell_id": cell_id, "status": status,
+            "execution_count": None if run is None else run.execution_count,
+            "outputs": outputs, "duration": duration, "notice": notice}
+        if run is not None and run.output_cut is not None:
+            body["output_cut"] = run.output_cut
         for attempt in (body, {**body, "outputs": [], "notice": join(
                 notice, "Its outputs could not be recorded.")}):
             try:
@@ -328,10 +341,13 @@ class CellRunner:
                 f"the Host killed them and recorded their receipts.")
 
     def text(self, cell_id: str, status: str, outputs: list[dict[str, Any]],
-              notice: str | None, dropped: int) -> str:
+             notice: str | None, dropped: int,
+             output_cut: dict[str, Any] | None = None) -> str:
         body = render_outputs(outputs)
         if dropped:
             body += f"\n[{dropped} further characters of output were not kept]\n"
+        if output_cut is not None:
+            body += f"\n{cut_notice(output_cut)}\n"
         if not body.strip():
             body = "(no output)\n" if status in ("ok", "error") else ""
         body = cut(body, self.text_limit)
@@ -381,7 +397,7 @@ class CellRunner:
                     wait = max(0.0, min(wait, deadline - now))
                 if not iopub.poll(int(wait * 1000) + 1):
                     continue
-                reply = run.receive(iopub)
+                reply = run.receive(iopub, outputs=collector)
                 if reply is None:
                     continue
                 mtype = reply["msg_type"]
@@ -406,9 +422,9 @@ class CellRunner:
                 interrupted_at = time.monotonic()
         run.outputs = collector.final
         run.dropped_chars = collector.dropped
-        if run.status != "kernel_died" and any(o["output_type"] == "error" for o in run.outputs):
-            if run.status == "ok":
-                run.status = "error"
+        run.output_cut = collector.cut
+        if run.status == "ok" and collector.saw_error:
+            run.status = "error"
         run.access = self.pending_access.pop(cell_id, None)
         if not run.stuck and run.status != "kernel_died":
             self._drain_shell(run, kc.shell_channel.socket)

@@ -24,8 +24,8 @@ from typing import Any
 from .._errors import ConfinementError, KernelError
 from .._ids import mint_token
 from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
-from ..sandbox.landlock import LandlockError, Ruleset
-from ..sandbox.policy import Policy, ruleset_spec, uncovered
+from ..sandbox.landlock import LandlockError
+from ..sandbox.policy import Policy, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ._kernel import KernelGeneration, close_thread_loop, kernel_env, short_tempdir
 from ._options import HostOptions
@@ -43,8 +43,17 @@ KERNEL_SET_ENV = frozenset({"MPLBACKEND", "JPY_PARENT_PID", "PYDEVD_DISABLE_FILE
                             "CLICOLOR", "PAGER", "GIT_PAGER", "FORCE_COLOR", "TERM",
                             "JPY_SESSION_NAME", "CLICOLOR_FORCE", "PYDEVD_USE_FRAME_EVAL"})
 
+#: A limit a generation can reach → the Host option that raises it.
+_OPTION_OF = {"memory": "memory_limit", "processes": "process_limit"}
+
 #: Appends an event to the session's record (host/_record.py).
 Append = Callable[[str, dict[str, Any]], Any]
+
+
+def _asked(kernel: KernelGeneration, limit: str) -> int | None:
+    """The bound a generation had for ``limit`` ("memory", "processes")."""
+    limits = None if kernel.sandbox is None else kernel.sandbox.limits
+    return None if limits is None else limits.to_dict().get(limit)
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -91,6 +100,11 @@ class Generations:
         self._owned_dirs: list[Path] = []
         #: Threads reaping the kernels of earlier generations (joined at close).
         self._retiring: list[threading.Thread] = []
+        #: The files and folders confined code may not read (the record, its secrets).
+        self._hidden: list[str] = []
+        #: Why the last generation ended, when a limit ended it (the record says it too in
+        #: the next ``generation_started``, as ``ended``); None otherwise.
+        self.ended: str | None = None
 
     @property
     def generation(self) -> int:
@@ -108,6 +122,7 @@ class Generations:
         and returns its socket's path.
         """
         options = self.options
+        self._hidden = list(hidden)
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
         self._take_standby(confinement)
         if self._standby is not None:
@@ -125,6 +140,9 @@ class Generations:
             if not confinement.active and options.require_confinement:
                 raise ConfinementError(f"confinement is required but not available: "
                                        f"{confinement.reason}")
+            if confinement.active and options.require_confinement and confinement.missing():
+                raise ConfinementError(f"confinement is required but the kernel's private "
+                                       f"world is not available: {confinement.missing()}")
             if not confinement.active:
                 self.policy = None
                 del self.launch_env["HOST_KERNEL_CONFINED"]
@@ -183,7 +201,8 @@ class Generations:
             return
         why = pool.refusal(confined=confinement.active,
                            traced=confinement.active and self.options.trace
-                           and trace_unavailable() is None, hidden=self.options.hidden_env)
+                           and trace_unavailable() is None, hidden=self.options.hidden_env,
+                           limits=self.options.kernel_limits)
         if why is None:
             self._standby = pool.take(wait=self.options.startup_timeout)
             if self._standby is None:
@@ -210,13 +229,19 @@ class Generations:
         """Start the next generation (the first, or a restart), and record it."""
         previous = self.kernel
         generation = (self.prior if previous is None else previous.generation) + 1
+        body: dict[str, Any] = {"generation": generation, "reason": reason}
+        self.ended = None
         if previous is not None:
+            limit = None if previous.sandbox is None else previous.sandbox.limit_reached()
+            if limit is not None:
+                self.ended = self._limit_notice(previous, limit)
+                body["ended"] = {"generation": previous.generation, "reason": self.ended,
+                                 "limit": limit, "max": _asked(previous, limit)}
             self.old_tokens.add(previous.token)
             self._retiring = [t for t in self._retiring if t.is_alive()]
             self._retiring.append(previous.retire())
             self.kernel = None
             self._new_generation()
-        body: dict[str, Any] = {"generation": generation, "reason": reason}
         self.trace = None
         kernel = self._swap_in_spare(generation, body) if previous is not None else None
         if kernel is None and self._standby is not None:
@@ -236,16 +261,15 @@ class Generations:
         if sandbox is not None:
             hello = kernel.hello
             folder = kernel.folder
+            isolation = sandbox.isolation()
             body["confinement"] = {"status": "landlock",
                                    "pid_namespace": hello.get("pid_namespace"),
                                    "pid_namespace_reason": hello.get("reason"),
                                    "rules_added": [{"path": str(folder), "access": "write"},
                                                    {"path": str(folder / "kernel.json"),
-                                                    "access": "read_file"}]}
-            if self.confinement is not None and self.confinement.pid_namespace is None:
-                self.confinement = dataclasses.replace(
-                    self.confinement, pid_namespace=bool(hello.get("pid_namespace")),
-                    pid_namespace_reason=hello.get("reason"))
+                                                    "access": "read_file"}],
+                                   **isolation}
+            self._learn(hello, isolation)
         else:
             body["confinement"] = {"status": "none"}
         pool = self.options.pool
@@ -254,6 +278,49 @@ class Generations:
         self._append("generation_started", body)
         if self.options.spare:
             self._start_spare(generation + 1)
+
+    def _learn(self, hello: dict[str, Any], isolation: dict[str, Any]) -> None:
+        """What the first generation's start shows of the private world goes into the
+        session's confinement (its first Observation's notice); a Host that requires
+        confinement refuses to go on without it."""
+        confinement = self.confinement
+        if confinement is None:
+            return
+        network, view = isolation["network"], isolation["view"]
+        changes: dict[str, Any] = {}
+        if confinement.pid_namespace is None:
+            changes.update(pid_namespace=bool(hello.get("pid_namespace")),
+                           pid_namespace_reason=hello.get("reason"))
+        if confinement.network_namespace is None:
+            changes.update(network_namespace=bool(network["namespace"]),
+                           network_namespace_reason=network["reason"])
+        if confinement.private_view is None:
+            changes.update(private_view=bool(view["private"]),
+                           private_view_reason=view["reason"])
+            if network["namespace"] and self.options.network and network["outbound"] == "none":
+                changes.update(outbound_failed=network["reason"] or "slirp4netns failed")
+        if changes:
+            confinement = self.confinement = dataclasses.replace(confinement, **changes)
+        if self.options.require_confinement and confinement.missing():
+            raise ConfinementError(f"confinement is required but the kernel's private world "
+                                   f"could not be made: {confinement.missing()}")
+
+    @staticmethod
+    def _limit_notice(kernel: KernelGeneration, limit: str) -> str:
+        """The sentence the record and the next Observation give for a generation that a
+        limit ended."""
+        asked = _asked(kernel, limit)
+        bound = "" if asked is None else (f" ({asked / 2**30:.1f} GiB)" if limit == "memory"
+                                          else f" ({asked})")
+        option = _OPTION_OF.get(limit, "memory_limit")
+        return (f"limit reached: {limit}. Generation {kernel.generation} used all the "
+                f"{limit} it may{bound}, so it was ended; raise it with Host({option}=...) "
+                f"if the work needs more.")
+
+    def _keep(self) -> list[str]:
+        """Paths the private view shows beside the policy's: the runtime folder (the call
+        socket) and the session's own hidden files, there but unreadable."""
+        return [str(self.runtime_dir), *self._hidden]
 
     def _parts(self, generation: int, folder: Path
                ) -> tuple[str, dict[str, str], Policy | None, list[str] | None]:
@@ -275,7 +342,8 @@ class Generations:
         token, env, policy, roots = self._parts(generation, folder)
         sandbox = None
         if policy is not None and self.confinement is not None:
-            sandbox = Sandbox(policy, self.confinement.abi, trace_roots=roots)
+            sandbox = Sandbox(policy, self.confinement.abi, trace_roots=roots,
+                              keep=self._keep(), limits=self.options.kernel_limits)
         return KernelGeneration(generation, token, folder / "kernel.json", self.workdir, env,
                                 self.options.startup_timeout, sandbox)
 
@@ -298,27 +366,24 @@ class Generations:
         self._standby = None
         was_ready = standby.ready()
         orders: dict[str, Any] = {"env": env, "cwd": str(self.workdir), "ruleset": False}
-        ruleset = None
+        ruleset = -1
         try:
             if policy is not None and standby.sandbox is not None \
                     and self.confinement is not None:
-                standby.sandbox.narrow(policy, roots)
-                # Built here (trusted, untraced) and handed over: the standby only enters it.
-                ruleset = Ruleset(self.confinement.abi, network=policy.network)
-                for path, access in ruleset_spec(policy):
-                    ruleset.allow(path, access)
+                # Built by the sandbox's init (trusted, untraced), after the session's paths
+                # were bound into its view, and handed over: the standby only enters it.
+                ruleset = standby.sandbox.narrow(policy, roots, keep=self._keep())
                 orders["ruleset"] = True
             kernel = KernelGeneration.adopt(generation, token, standby.manager, standby.sandbox,
                                             standby.hello, standby.orders_fd, orders,
-                                            self.options.startup_timeout,
-                                            -1 if ruleset is None else ruleset.fd)
+                                            self.options.startup_timeout, ruleset)
         except (KernelError, SandboxError, LandlockError) as exc:
             standby.stop()  # its folder holds the session's private one: the Host keeps it
             self._pool_miss = f"the standby kernel failed: {exc}"
             return None
         finally:
-            if ruleset is not None:
-                os.close(ruleset.fd)
+            if ruleset >= 0:
+                os.close(ruleset)
         os.close(standby.orders_fd)  # read by now: nothing more goes down that socket
         standby.orders_fd = -1
         body["warm"] = {"pool": pool.id, "used": True, "standby_started": standby.started,

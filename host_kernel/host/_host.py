@@ -81,7 +81,7 @@ class Host:
                                       source_of=functools.partial(read_source, self.workspace))
         self.record = SessionRecord(self.record_dir, opts.resume or mint_uuid(), opts)
         self.session = Session(self.record, self.workdir, resolve_task_mode(request, mode),
-                               request)
+                               request, opts.baseline)
         self.generations = Generations(self.workdir, opts, self.workspace, self.record.append,
                                        self.lineage.new_generation)
         self.cells = CellRunner(self.record, self.session, self.generations, self.lineage,
@@ -142,7 +142,7 @@ class Host:
 
     def _serve(self, runtime_dir: Path) -> str:
         socket_path = str(runtime_dir / "host.sock")
-        self._server = CallServer(socket_path, self.calls)
+        self._server = CallServer(socket_path, self.calls, refusals=self.cells.refusals)
         return socket_path
 
     def _launch(self) -> Launch:
@@ -172,6 +172,7 @@ class Host:
             # Sub-tasks end with the session that started them (each closes its record).
             self.options.delegator.shutdown()
         if self.state is HostState.OPEN and self.ledger is not None:
+            self.cells.refusals.flush()  # counts of refusals since the last cell ended
             try:
                 self.record.append("session_ended", {"generation": self.generation})
             except HostKernelError:

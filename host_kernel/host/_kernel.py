@@ -136,8 +136,10 @@ class KernelGeneration:
                 manager.start_kernel(cwd=str(cwd), env=env)
             else:
                 manager.start_kernel(cwd=str(cwd), env=env, pass_fds=sandbox.pass_fds)
-                self.hello = sandbox.started()
+                self.hello = sandbox.started(wait_network=False)
             self._connect(startup_timeout)
+            if sandbox is not None:
+                sandbox.wait_outbound()  # up while the kernel started: before its first cell
         except (Exception, SandboxError) as exc:
             self.stop()
             raise KernelError(
@@ -172,6 +174,8 @@ class KernelGeneration:
                 sent = socket.send_fds(sock, [data], [ruleset_fd] if ruleset_fd >= 0 else [])
                 sock.sendall(data[sent:])
             self._connect(startup_timeout)
+            if sandbox is not None:
+                sandbox.wait_outbound()  # attached at narrow, up while the kernel adopted
         except (Exception, SandboxError) as exc:
             self.stop()
             raise KernelError(f"the standby kernel did not take generation {generation}: "
@@ -339,3 +343,5 @@ def stop_manager(manager: KernelManager, client: BlockingKernelClient | None,
     except Exception:  # already dead or never started: what matters is cleanup below
         pass
     manager.cleanup_resources(restart=False)
+    if sandbox is not None:
+        sandbox.release()  # its processes are reaped: its cgroups and slirp4netns go

@@ -21,6 +21,7 @@ from typing import Any
 from .._errors import BadArguments
 from ..reproduce import Limits
 from ..reproduce.runner import DEFAULT_MEMORY
+from ..sandbox.limits import KernelLimits
 from ..store.pg import is_postgres_url
 from ._pool import HostPool
 from ._render import DEFAULT_TEXT_LIMIT
@@ -42,6 +43,12 @@ BLOB_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION
                       "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_CONNECTION_STRING",
                       "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY",
                       "AZURE_STORAGE_SAS_TOKEN"})
+
+
+#: The least each kernel limit may be set to: below these an ipykernel cannot start.
+MIN_MEMORY = 256 * 2**20
+MIN_PROCESSES = 64
+MIN_OPEN_FILES = 256
 
 
 def _paths(value: Any) -> tuple[str, ...]:
@@ -105,6 +112,22 @@ class HostOptions:
     ledger_key: bytes | None = None
     #: Where artifacts' blobs are written through to (an fsspec URL); None: local only.
     blobs: str | None = None
+    #: ``codebase_change``: the git revision (commit id, branch, tag, ``HEAD~1``) the change
+    #: is judged against, named by the user from outside the session and read before any
+    #: kernel starts. None: the Host's own choice, trusted only when no recorded session
+    #: could have written it (docs/verification.md, "baseline_untrusted").
+    baseline: str | None = None
+    #: Bytes of memory one kernel generation may use, all its processes together (a
+    #: cgroup of its own where the system delegates one, else each process's address
+    #: space); None: three quarters of the machine's memory. Reaching it ends the
+    #: generation, and the record and the next Observation say so (docs/security.md).
+    memory_limit: int | None = None
+    #: Processes and threads of one generation, all together; None: 4096, or an eighth of
+    #: the machine's ``pid_max`` where that is more. Reaching it ends the generation.
+    process_limit: int | None = None
+    #: Open files of each process of a generation; None: 65536 (at most the system's hard
+    #: limit when the Host may not raise it).
+    open_files: int | None = None
     #: Derived in __post_init__: every environment variable name kept from the kernel.
     hidden_env: frozenset[str] = field(default=frozenset(), init=False, repr=False)
 
@@ -128,6 +151,14 @@ class HostOptions:
         if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)
                                    or memory <= 0):
             raise BadArguments("reproduce_memory must be a positive number of bytes or None")
+        for name, least, what in (("memory_limit", MIN_MEMORY, "bytes"),
+                                  ("process_limit", MIN_PROCESSES, "processes"),
+                                  ("open_files", MIN_OPEN_FILES, "files")):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < least):
+                raise BadArguments(f"{name} must be a number of {what} of at least {least}, "
+                                   f"or None for the machine's default")
         if not isinstance(self.trace, bool):
             raise BadArguments("trace must be True or False")
         if self.pool is not None and not isinstance(self.pool, HostPool):
@@ -136,6 +167,15 @@ class HostOptions:
             raise BadArguments("spare must be True or False")
         if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
             raise BadArguments("resume must be the id of a session in the record, or None")
+        if self.baseline is not None and (
+                not isinstance(self.baseline, str) or not self.baseline.strip()
+                or self.baseline.startswith("-") or len(self.baseline) > 256
+                or any(ch in self.baseline for ch in "\0\n\r")):
+            raise BadArguments("baseline must be a git revision of the workspace's repository "
+                               "(a commit id, branch, tag or HEAD~N), or None")
+        if self.baseline is not None and self.resume is not None:
+            raise BadArguments("baseline with resume: a session's baseline is chosen when it "
+                               "starts, and a resumed session keeps its own")
         # Paths may be given as any os.PathLike; the record keeps strings.
         object.__setattr__(self, "read_paths", _paths(self.read_paths))
         object.__setattr__(self, "hide_paths", _paths(self.hide_paths))
@@ -159,6 +199,15 @@ class HostOptions:
     def with_changes(self, **changes: Any) -> HostOptions:
         """A copy with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def kernel_limits(self) -> KernelLimits:
+        """Bounds of each kernel generation (docs/security.md), the machine's defaults
+        where no option names one."""
+        default = KernelLimits.defaults()
+        return KernelLimits(self.memory_limit or default.memory,
+                            self.process_limit or default.processes,
+                            self.open_files or default.open_files)
 
     @property
     def reproduce_limits(self) -> Limits:

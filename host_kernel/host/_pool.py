@@ -33,6 +33,7 @@ from .._errors import BadArguments, KernelError
 from .._ids import mint_uuid
 from ..kernel.standby import READY
 from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
+from ..sandbox.limits import KernelLimits
 from ..sandbox.policy import Policy
 from ..sandbox.trace import unavailable as trace_unavailable
 from ._bash import Redactor
@@ -134,6 +135,9 @@ class HostPool:
         self.trace = trace
         self.startup_timeout = startup_timeout
         self.id = mint_uuid()
+        #: The bounds every standby starts with (the machine's defaults): a session that
+        #: asks for others starts cold.
+        self.limits = KernelLimits.defaults()
         self.confinement: Confinement = probe(None)
         #: Whether standbys are traced (confined, tracing possible and asked for).
         self.traced = bool(trace and self.confinement.active and trace_unavailable() is None)
@@ -214,7 +218,8 @@ class HostPool:
 
     # ------------------------------------------------------------------ handing out
 
-    def refusal(self, *, confined: bool, traced: bool, hidden: frozenset[str]) -> str | None:
+    def refusal(self, *, confined: bool, traced: bool, hidden: frozenset[str],
+                limits: KernelLimits | None = None) -> str | None:
         """Why this pool's standbys cannot serve a session like this, or None."""
         if self._closed:
             return "the pool is closed"
@@ -226,6 +231,9 @@ class HostPool:
         if traced != self.traced:
             return ("the session is traced and the pool's kernels are not" if traced else
                     "the pool's kernels are traced and the session is not")
+        if confined and limits is not None and limits != self.limits:
+            return (f"the session's kernel limits ({limits.to_dict()}) are not the pool's "
+                    f"({self.limits.to_dict()})")
         secret = sorted(hidden & frozenset(self._env))
         if secret:
             return (f"the pool's kernels started with {', '.join(secret)} in their environment, "
@@ -316,7 +324,7 @@ class HostPool:
         if self.confinement.active:
             broad = Policy.for_pool(self.roots, folder).with_generation(folder, conn_file)
             sandbox = Sandbox(broad, self.confinement.abi, standby=True,
-                              trace_roots=[] if self.traced else None)
+                              trace_roots=[] if self.traced else None, limits=self.limits)
         manager = new_manager(conn_file, standby_argv(sandbox))
         hello: dict[str, Any] = {}
         # The orders come on the kernel's standard input, a socket only this pool holds

@@ -212,7 +212,8 @@ class RelayHost(Host):
 
     def finish_cell(self, status: str, execution_count: int | None,
                     outputs: list[dict[str, Any]], *, dropped_chars: int = 0,
-                    notice: str | None = None) -> None:
+                    notice: str | None = None,
+                    output_cut: dict[str, Any] | None = None) -> None:
         """Record the relayed cell's end: its status, execution count and outputs."""
         relayed = self._cell
         if relayed is None:
@@ -230,10 +231,13 @@ class RelayHost(Host):
         }
         if dropped_chars:
             body["dropped_chars"] = dropped_chars
+        if output_cut:
+            body["output_cut"] = output_cut
         if access is not None:
             body["access"] = access
         body.update(self.cells.cell_lineage(cell, access))
         self.record.append("cell_finished", body)
+        self.cells.refusals.flush()  # one count per cause of this cell's refused calls
 
     def kernel_died(self, execution_count: int | None = None,
                     outputs: list[dict[str, Any]] | None = None) -> str:

@@ -1,9 +1,10 @@
 """How an Observation reads to an agent: the ``text`` rendering of a cell's outputs.
 
-Owns the text only. The record always keeps the outputs whole; this module cuts
-long text (head and tail kept, the number of characters cut stated), names rich
-outputs by media type and size instead of inlining them, and strips ANSI codes
-from tracebacks.
+Owns the text only. The record keeps the outputs whole up to the cell's budget
+(host/_outputs.py); this module cuts long text (head and tail kept, the number
+of characters cut stated), names rich outputs by media type and size instead of
+inlining them, strips ANSI codes from tracebacks, and says what the budget cut
+(:func:`cut_notice`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_TEXT_LIMIT", "cut", "render_outputs", "strip_ansi"]
+__all__ = ["DEFAULT_TEXT_LIMIT", "cut", "cut_notice", "render_outputs", "strip_ansi"]
 
 DEFAULT_TEXT_LIMIT = 12_000
 
@@ -32,6 +33,22 @@ def cut(text: str, limit: int) -> str:
     removed = len(text) - head - tail
     return (f"{text[:head]}\n[… {removed} characters cut; the record keeps the whole output …]\n"
             f"{text[-tail:]}")
+
+
+def cut_notice(output_cut: Mapping[str, Any]) -> str:
+    """The sentence saying what a cell's output budget left out of the record (the
+    ``output_cut`` of its ``cell_finished``): the budget, each kind with its messages and
+    bytes, and the sha256 of what was left out."""
+    dropped = output_cut.get("dropped")
+    kinds = []
+    for kind, count in sorted(dropped.items()) if isinstance(dropped, Mapping) else ():
+        if isinstance(count, Mapping):
+            n = count.get("messages")
+            kinds.append(f"{n} {kind} message{'' if n == 1 else 's'} "
+                         f"({count.get('bytes')} bytes)")
+    return (f"[The record keeps at most {output_cut.get('limit')} bytes of one cell's output; "
+            f"not kept: {', '.join(kinds) or 'nothing'}; sha256 of the messages not kept: "
+            f"{output_cut.get('sha256')}]")
 
 
 def _size(value: Any) -> int:

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,12 @@ from .._models import Artifact, FileRecord, Receipt, Verdict
 __all__ = ["HostClient", "Skills", "Subtask", "SubtaskResult"]
 
 
+#: Seconds after which a kept-alive connection is not used again but replaced: a third
+#: of the Host's idle timeout (host/_server.py, IDLE_TIMEOUT), so the Host never closes
+#: a connection as the next call goes out on it.
+REUSE_FOR = 20.0
+
+
 class _UnixConnection(http.client.HTTPConnection):
     """HTTP/1.1 to the Host's call socket (a Unix-domain socket): the standard library's
     client, so the first call costs no import of a third-party HTTP stack."""
@@ -33,6 +40,7 @@ class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str) -> None:
         super().__init__("host")
         self._path = path
+        self.used = 0.0
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -44,6 +52,29 @@ class _UnixConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
+
+    def fresh(self) -> None:
+        """Before a call: drop the kept-alive connection if it sat idle too long, or the
+        Host has closed it (it is readable: the end of the stream), so the call goes out
+        on a connection the Host is reading. A call is never sent twice."""
+        sock = self.sock
+        now = time.monotonic()
+        if sock is not None and (now - self.used > REUSE_FOR or _readable(sock)):
+            self.close()
+        self.used = now
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether the Host has sent something unasked on a kept-alive connection: the end of
+    the stream (it closed it), or bytes no call asked for; either way it is not reused.
+    (A peek, not select(): a kernel may hold more files than select() can name.)"""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 class HostClient:
@@ -69,28 +100,36 @@ class HostClient:
 
     # -- the wire
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> _UnixConnection:
         """This thread's connection (calls from several threads run side by side)."""
         if self._http is None:
             self._http = threading.local()
-        conn: http.client.HTTPConnection | None = getattr(self._http, "conn", None)
+        conn: _UnixConnection | None = getattr(self._http, "conn", None)
         if conn is None:
             conn = self._http.conn = _UnixConnection(self._socket_path)
         return conn
 
-    def _call(self, name: str, /, **args: Any) -> Any:
-        body = json.dumps(args, ensure_ascii=False).encode("utf-8")
+    def _call(self, name: str, /, *, _raw: bytes | None = None, **args: Any) -> Any:
+        """One call. ``_raw``: a file's bytes sent as the body itself (write_file), its
+        other arguments in a header, so neither side ever holds them as JSON."""
+        headers = {"Authorization": f"Bearer {self._token}"}
+        if _raw is None:
+            body = json.dumps(args, ensure_ascii=False).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        else:
+            body = _raw
+            headers["Content-Type"] = "application/octet-stream"
+            headers["Host-Kernel-Args"] = json.dumps(args)  # ASCII: fits a header
         result: Any = None
         error: dict[str, str] | None = None
         conn = self._connection()
+        conn.fresh()
         cut_short = False
         try:
             # One kept-alive connection: the Host answers each call in full (a chunked
             # stream of lines) before the next is sent. A call is never sent twice.
             try:
-                conn.request("POST", f"/call/{name}", body=body,
-                             headers={"Authorization": f"Bearer {self._token}",
-                                      "Content-Type": "application/json"})
+                conn.request("POST", f"/call/{name}", body=body, headers=headers)
             except (BrokenPipeError, ConnectionResetError):
                 # The Host refuses a body over its limit without reading it, answers and
                 # closes: the answer is already waiting, so read it (if the Host is gone
@@ -155,15 +194,18 @@ class HostClient:
 
     def write_file(self, path: str | os.PathLike[str], content: str | bytes) -> FileRecord:
         """Have the Host write ``content`` to ``path`` (workspace-relative), atomically."""
-        args: dict[str, Any] = {"path": _path_arg(path)}
         if isinstance(content, (bytes, bytearray, memoryview)):
-            args["content_b64"] = base64.b64encode(bytes(content)).decode("ascii")
+            data = bytes(content)
         elif isinstance(content, str):
-            args["content"] = content
+            try:
+                data = content.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raise BadArguments("write_file: content holds characters that UTF-8 cannot "
+                                   "encode (lone surrogates); pass bytes") from None
         else:
             raise BadArguments(f"write_file: content must be str or bytes, not "
                             f"{type(content).__name__}")
-        return FileRecord.from_dict(self._call("write_file", **args))
+        return FileRecord.from_dict(self._call("write_file", _raw=data, path=_path_arg(path)))
 
     def edit_file(self, path: str | os.PathLike[str], old: str, new: str) -> FileRecord:
         """Replace the one occurrence of ``old`` with ``new``; refuses zero or several."""
@@ -260,8 +302,13 @@ class HostClient:
     def submit_output(self, output: Any, completion_bullets: Any, *, task_status: Any = None,
                       output_schema: Any = None, source_files: Any = None,
                       entry_points: Any = None, architecture_summary: Any = None,
-                      test_evidence: Any = None) -> Verdict:
+                      test_evidence: Any = None, intended_changes: Any = None) -> Verdict:
         """Ask the Host to verify and accept a completion.
+
+        ``intended_changes`` (``codebase_change``): the baseline tests whose behaviour the
+        change means to alter, ``[{"test": node id or file, "reason": why}]``; the Host
+        runs every baseline test at its baseline bytes, and one that passed before and
+        fails now is refused unless it is named here (a reviewer reads these first).
 
         Returns the Verdict when accepted; raises SubmissionRefused (carrying the
         Verdict, its message listing every failed check) when refused. Both are
@@ -273,6 +320,8 @@ class HostClient:
             "entry_points": entry_points, "architecture_summary": architecture_summary,
             "test_evidence": test_evidence,
         }
+        if intended_changes is not None:
+            args["intended_changes"] = intended_changes
         for key, value in list(args.items()):
             args[key] = _jsonable(value, key)
         try:

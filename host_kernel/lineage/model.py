@@ -83,22 +83,28 @@ class Lineage(Displayed):
 
     # -- exports
 
-    def to_text(self) -> str:
+    def to_text(self, escape: Callable[[str], str] | None = None) -> str:
+        """The graph as an indented tree, one node a line. ``escape`` is applied to every
+        value the record supplied (names, paths, commands, labels), so that each stays
+        on its line; the CLI passes :func:`host_kernel.browse.printable`, which also
+        escapes control characters for the terminal."""
+        esc = escape or _keep
         lines: list[str] = []
         seen: set[str] = set()
 
         def walk(nid: str, depth: int) -> None:
             node = self.node(nid)
             mark = " (see above)" if nid in seen else ""
-            lines.append("  " * depth + _describe(node) + mark)
+            lines.append("  " * depth + _describe(node, esc) + mark)
             if nid in seen:
                 return
             seen.add(nid)
             for edge in self.edges:
                 if edge.src == nid and edge.relation in ("wasDerivedFrom", "wasGeneratedBy"):
-                    how = f" [{edge.method}]" if edge.method else ""
+                    how = f" [{esc(edge.method)}]" if edge.method else ""
                     if edge.relation == "wasGeneratedBy":
-                        lines.append("  " * (depth + 1) + f"made by {self.node(edge.dst).label}")
+                        lines.append("  " * (depth + 1)
+                                     + f"made by {esc(self.node(edge.dst).label)}")
                         continue
                     lines.append("  " * (depth + 1) + f"← from{how}:")
                     walk(edge.dst, depth + 2)
@@ -203,16 +209,25 @@ def _esc(text: str) -> str:
     return " ".join(text.replace('"', "'").split())
 
 
-def _describe(node: LineageNode) -> str:
-    a = node.attrs
+def _keep(text: str) -> str:
+    return text
+
+
+def _describe(node: LineageNode, esc: Callable[[str], str] = _keep) -> str:
+    """One node's line; every value from the record passes through ``esc``."""
+    a = {key: esc(str(value)) for key, value in node.attrs.items()}
+    label = esc(node.label)
     if node.kind == "artifact":
         return (
-            f"artifact {node.label} ({a.get('artifact_id')}, sha256 {str(a.get('sha256'))[:12]}…)"
+            f"artifact {label} ({a.get('artifact_id')}, sha256 {str(a.get('sha256'))[:12]}…)"
         )
     if node.kind == "file":
-        return f"file {a.get('path')} (sha256 {str(a.get('sha256'))[:12]}…, hashed {a.get('hashed_at')})"
+        return (f"file {a.get('path')} (sha256 {str(a.get('sha256'))[:12]}…, "
+                f"hashed {a.get('hashed_at')})")
     if node.kind == "receipt":
-        return f"command {a.get('command')!r} (exit {a.get('exit_status')}, receipt {a.get('receipt_id')})"
+        command = node.attrs.get("command")
+        return (f"command {esc(repr(command))} (exit {a.get('exit_status')}, "
+                f"receipt {a.get('receipt_id')})")
     if node.kind == "subtask":
-        return f"{node.label} (outcome {a.get('outcome')}, session {a.get('session')})"
-    return node.label
+        return f"{label} (outcome {a.get('outcome')}, session {a.get('session')})"
+    return label

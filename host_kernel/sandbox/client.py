@@ -1,12 +1,13 @@
 """The Host's side of a sandbox: probing, launching the init process, spawning commands.
 
-Owns :func:`probe` (is Landlock here, which ABI, or why not),
-:class:`Confinement` (what a session's record says about it), :class:`Sandbox`
-(one kernel generation's init process, reached over a socketpair only the
-Host and init hold) and :class:`ConfinedProcess` (a ``host.bash`` command
-started by init, with the slice of the ``subprocess.Popen`` interface that
-``host/_bash.py`` uses). It does not decide the rules (``policy``) nor
-enforce them (``init``, ``landlock``).
+Owns :class:`Sandbox` (one kernel generation's init process, reached over a
+socketpair only the Host and init hold, with its private view, its network
+namespace and slirp4netns, its cgroups) and :class:`ConfinedProcess` (a
+``host.bash`` command started by init, with the slice of the
+``subprocess.Popen`` interface that ``host/_bash.py`` uses). :func:`probe` and
+:class:`Confinement` (what a session's record says about confinement) live in
+``confinement`` and are re-exported here. It does not decide the rules
+(``policy``, ``limits``) nor enforce them (``init``, ``world``, ``landlock``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from .confinement import Confinement, probe
 from .init import recv_with_fds
-from .landlock import abi_version
-from .policy import SHARED_WRITABLE, Policy, rules_for_record, ruleset_spec
+from .limits import Cgroups, KernelLimits
+from .limits import sweep as sweep_cgroups
+from .netns import Outbound, isolation_off, machine_resolv, outbound_unavailable
+from .netns import reap as reap_outbound
+from .policy import SHARED_WRITABLE, Policy, ruleset_spec, view_of
 
 __all__ = ["ConfinedProcess", "Confinement", "Sandbox", "SandboxError", "probe"]
 
@@ -43,70 +47,6 @@ _INIT_CODE = ("import sys; sys.path.insert(0, " + repr(_PACKAGE_PARENT) + "); "
 
 class SandboxError(OSError):
     """The sandbox could not start, or stopped answering."""
-
-
-@dataclass(frozen=True)
-class Confinement:
-    """What the session's record says about confinement."""
-
-    #: "landlock" when enforced, "none" when not.
-    status: str
-    abi: int = 0
-    reason: str | None = None
-    network: bool = True
-    pid_namespace: bool | None = None
-    pid_namespace_reason: str | None = None
-    rules: list[dict[str, Any]] = field(default_factory=list)
-    hidden: list[str] = field(default_factory=list)
-    interpreter_writable: list[str] = field(default_factory=list)
-
-    @property
-    def active(self) -> bool:
-        return self.status == "landlock"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "abi": self.abi, "reason": self.reason,
-                "network": self.network, "pid_namespace": self.pid_namespace,
-                "pid_namespace_reason": self.pid_namespace_reason, "rules": self.rules,
-                "hidden": self.hidden, "interpreter_writable": self.interpreter_writable}
-
-    def notice(self) -> str | None:
-        """The sentence the first Observation carries when confinement is weaker than usual."""
-        if not self.active:
-            return (f"confinement: none ({self.reason}). Cell code and host.bash commands run "
-                    f"with this user's full rights; the record is protected only by protocol.")
-        parts = []
-        if self.pid_namespace is False:
-            parts.append(f"no PID namespace ({self.pid_namespace_reason}): /proc still shows "
-                         f"the Host's processes")
-        if self.interpreter_writable:
-            parts.append("the interpreter is installed inside the workspace, so confined code "
-                         "can change it: " + ", ".join(self.interpreter_writable))
-        if not parts:
-            return None
-        return "confinement: landlock, but " + "; ".join(parts) + "."
-
-
-def probe(policy: Policy | None, *, network: bool = True) -> Confinement:
-    """Whether confinement is possible here, and the rules ``policy`` would apply."""
-    abi = abi_version()
-    if abi < 1:
-        if os.environ.get("HOST_KERNEL_FAKE_NO_LANDLOCK") == "1":
-            reason = "Landlock switched off by HOST_KERNEL_FAKE_NO_LANDLOCK=1 (a test switch)"
-        elif sys.platform != "linux":
-            reason = f"Landlock is Linux-only; this is {sys.platform}"
-        else:
-            reason = (f"this Linux kernel ({os.uname().release}) has no usable Landlock "
-                      f"(needs 5.13+ with landlock in the LSM list)")
-        return Confinement("none", 0, reason, network)
-    if policy is None:
-        return Confinement("landlock", abi, None, network)
-    if not network and abi < 4:
-        reason = f"network=False needs Landlock ABI 4, this kernel has {abi}"
-        return Confinement("none", abi, reason, network)
-    return Confinement("landlock", abi, None, network, rules=rules_for_record(policy, abi),
-                       hidden=list(policy.hidden),
-                       interpreter_writable=policy.interpreter_writable())
 
 
 class ConfinedProcess:
@@ -223,17 +163,50 @@ class Sandbox:
 
     def __init__(self, policy: Policy, abi: int, *, namespaces: bool = True,
                  memory: int | None = None, trace_roots: Sequence[str] | None = None,
-                 standby: bool = False) -> None:
+                 standby: bool = False, keep: Sequence[str | os.PathLike[str]] = (),
+                 limits: KernelLimits | None = None, resolv: str | None = None) -> None:
         """``memory``: an address-space limit (bytes) for every process of the sandbox.
         ``trace_roots``: trace file access under these folders (host_kernel/sandbox/trace.py).
         ``standby``: started before its session (a pool's): ``policy`` is the pool's broad
-        one, and no command runs until :meth:`narrow` stacks the session's on top."""
+        one, and no command runs until :meth:`narrow` stacks the session's on top.
+        ``keep``: paths beside the policy's that the private view shows (the session's
+        runtime folder, with its call socket). ``limits``: the generation's bounds (in
+        cgroups of its own where the system delegates them, else rlimits). ``resolv``:
+        the resolv.conf the sandbox sees when it has outbound traffic (default: the
+        machine's, or slirp4netns's resolver where the machine's is on its own loopback).
+
+        With ``namespaces`` (and unless ``HOST_KERNEL_ISOLATION=off``) the sandbox has a
+        private view (policy.view_of) and a network namespace of its own: loopback only,
+        or, when the policy allows network, outbound traffic through slirp4netns."""
         self.policy = policy
         self.abi = abi
         self.standby = standby
         self._host_end, self._init_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         setup: dict[str, Any] = {"abi": abi, "namespaces": namespaces, "network": policy.network,
                  "memory": memory, "rules": ruleset_spec(policy), "standby": standby}
+        off = isolation_off() if namespaces else "no namespaces asked for"
+        #: Why there is no network namespace (None: init makes one).
+        self._no_netns = off or (outbound_unavailable() if policy.network else None)
+        #: Whether slirp4netns is to serve the namespace (a standby's: once narrowed).
+        self._wants_outbound = self._no_netns is None and policy.network
+        self.outbound: Outbound | None = None
+        self._outbound_error: str | None = None
+        #: Why there is no private view (None: init makes one).
+        self._no_view = off
+        if off is None:
+            setup["view"] = list(view_of(policy, keep))
+        if self._no_netns is None:
+            setup["netns"] = True
+            if policy.network:
+                setup["resolv"] = resolv if resolv is not None else machine_resolv()
+        sweep_cgroups()
+        reap_outbound()
+        self.limits = limits
+        self.cgroups = Cgroups(limits) if limits is not None else None
+        if self.cgroups is not None:
+            setup["limits"] = self.cgroups.spec()
+        #: The limit init ended the generation at ("memory", "processes"), once it says so.
+        self._limit: str | None = None
         #: The Host's end of the socket init sends traced accesses on (None: untraced).
         self._trace: socket.socket | None = None
         self._trace_lock = threading.Lock()
@@ -273,8 +246,12 @@ class Sandbox:
         return [sys.executable, "-I", "-S", "-c", _INIT_CODE,
                 "--control", str(self._init_end.fileno()), "--", *kernel_argv]
 
-    def started(self) -> dict[str, Any]:
-        """Call once init runs: wait for its hello and return it."""
+    def started(self, wait_network: bool = True) -> dict[str, Any]:
+        """Call once init runs: wait for its hello and return it.
+
+        When the sandbox has outbound traffic, slirp4netns is attached now; with
+        ``wait_network=False`` its tap device comes up while the caller goes on (the
+        kernel starting), and :meth:`wait_outbound` waits for it before the first cell."""
         self._init_end.close()
         self._host_end.settimeout(HELLO_TIMEOUT)
         try:
@@ -285,7 +262,53 @@ class Sandbox:
             raise SandboxError("the sandbox's init process exited before it was ready")
         self._host_end.settimeout(None)
         self.hello = marshal.loads(data)
+        if self._wants_outbound and not self.standby:
+            self._connect_outbound()
+            if wait_network:
+                self.wait_outbound()
         return self.hello
+
+    def _connect_outbound(self) -> None:
+        if not self.hello.get("network_namespace"):
+            return
+        try:
+            self.outbound = Outbound(int(self.hello["launcher"]))
+        except (OSError, KeyError, ValueError) as exc:
+            self._outbound_error = f"slirp4netns did not start: {exc}"
+
+    def wait_outbound(self) -> None:
+        """Return once slirp4netns has the network up (or failed: :meth:`isolation` says)."""
+        if self.outbound is not None and self.outbound.error == "not ready yet":
+            self._outbound_error = self.outbound.wait()
+
+    def isolation(self) -> dict[str, Any]:
+        """What the record says of this sandbox's private world (known once started)."""
+        hello = self.hello
+        netns = bool(hello.get("network_namespace"))
+        if not netns:
+            outbound = "the machine's"
+        elif not self.policy.network:
+            outbound = "none"
+        elif self.outbound is not None and self._outbound_error is None:
+            outbound = "slirp4netns"
+        else:
+            outbound = "none"
+        network: dict[str, Any] = {
+            "namespace": netns, "outbound": outbound, "machine_loopback": not netns,
+            "reason": (self._no_netns or hello.get("network_reason")) if not netns
+            else self._outbound_error or hello.get("network_reason")}
+        view: dict[str, Any] = {"private": bool(hello.get("view")),
+                                "masked": list(hello.get("masked", ())),
+                                "reason": None if hello.get("view") else
+                                (self._no_view or hello.get("view_reason"))}
+        out: dict[str, Any] = {"network": network, "view": view,
+                               "capabilities": hello.get("capabilities")}
+        if self.limits is not None:
+            out["limits"] = {"asked": self.limits.to_dict(),
+                             "enforced": dict(hello.get("limits", {})),
+                             "cgroup_missing": dict(self.cgroups.why) if self.cgroups else {},
+                             "error": hello.get("limits_error")}
+        return out
 
     @property
     def traced(self) -> bool:
@@ -337,25 +360,47 @@ class Sandbox:
     def _take_offer(self) -> tuple[int, socket.socket, socket.socket] | None:
         """The waiting process init offered last, if its offer has arrived (no waiting)."""
         with self._offer_lock:
-            while True:
-                try:
-                    data, fds = recv_with_fds(self._host_end, 4096, 2, socket.MSG_DONTWAIT)
-                except (BlockingIOError, OSError):
-                    break
-                if not data:
-                    break
-                message = marshal.loads(data)
-                if "ready" in message and len(fds) == 2:
-                    if self._offered is not None:  # an older offer: let it go
-                        self._offered[1].close()
-                        self._offered[2].close()
-                    self._offered = (int(message["ready"]), socket.socket(fileno=fds[0]),
-                                     socket.socket(fileno=fds[1]))
-                else:
-                    for fd in fds:
-                        os.close(fd)
+            while self._receive(socket.MSG_DONTWAIT) is not None:
+                pass
             offered, self._offered = self._offered, None
             return offered
+
+    def _receive(self, flags: int = 0) -> dict[str, Any] | None:
+        """One message from init, kept where it belongs (an offer, a limit reached); None
+        when there is none (``MSG_DONTWAIT``) or init is gone. Offer lock held."""
+        try:
+            data, fds = recv_with_fds(self._host_end, 4096, 2, flags)
+        except (BlockingIOError, OSError):
+            return None
+        if not data:
+            return None
+        message: dict[str, Any] = marshal.loads(data)
+        if "ready" in message and len(fds) == 2:
+            if self._offered is not None:  # an older offer: let it go
+                self._offered[1].close()
+                self._offered[2].close()
+            self._offered = (int(message["ready"]), socket.socket(fileno=fds[0]),
+                             socket.socket(fileno=fds[1]))
+            return message
+        if "limit" in message:
+            self._limit = str(message["limit"])
+        if "narrowed" in message and len(fds) == 1:
+            message["ruleset"] = fds[0]
+            return message
+        for fd in fds:
+            os.close(fd)
+        return message
+
+    def limit_reached(self) -> str | None:
+        """Which limit ended the generation ("memory", "processes"), if one did: what init
+        said, else what the sandbox's cgroups count."""
+        if self._host_end.fileno() >= 0:
+            with self._offer_lock:
+                while self._receive(socket.MSG_DONTWAIT) is not None:
+                    pass
+        if self._limit is None and self.cgroups is not None:
+            self._limit = self.cgroups.reached()
+        return self._limit
 
     def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
               stdin: int, stdout: int, stderr: int) -> ConfinedProcess:
@@ -391,25 +436,53 @@ class Sandbox:
             theirs.close()
         return ConfinedProcess(self, mine, argv)
 
-    def narrow(self, policy: Policy, trace_roots: Sequence[str] | None) -> None:
-        """A standby sandbox's session: every process started from now on enters
-        ``policy``'s ruleset on top of the pool's, and the tracer keeps ``trace_roots``.
+    def narrow(self, policy: Policy, trace_roots: Sequence[str] | None,
+               keep: Sequence[str | os.PathLike[str]] = ()) -> int:
+        """A standby sandbox's session: its paths (``policy``'s, and ``keep``) shown in the
+        private view, every process started from now on entering ``policy``'s ruleset on
+        top of the pool's, the tracer keeping ``trace_roots``, and slirp4netns attached
+        when the session has network.
 
-        The kernel already running narrows itself (host_kernel/kernel/standby.py).
+        Returns the ruleset (a descriptor the caller closes), built by init after the
+        session's paths were bound into its view, for the kernel already running to enter
+        (host_kernel/kernel/standby.py). Call :meth:`wait_outbound` before its first cell.
         """
         if not self.standby:
             raise SandboxError("only a standby sandbox is narrowed after its start")
-        message = {"op": "narrow", "abi": self.abi, "network": policy.network,
-                   "rules": ruleset_spec(policy)}
+        message: dict[str, Any] = {"op": "narrow", "abi": self.abi, "network": policy.network,
+                                   "rules": ruleset_spec(policy)}
+        if self.hello.get("view"):
+            message["keep"] = view_of(policy, keep)[1]
         if trace_roots is not None:
             message["trace_roots"] = list(trace_roots)
             message["trace_resolve"] = _resolve_for(policy, trace_roots)
         try:
             self._host_end.send(marshal.dumps(message))
+            self._host_end.settimeout(REPLY_TIMEOUT)
+            with self._offer_lock:
+                while True:
+                    reply = self._receive()
+                    if reply is None:
+                        raise OSError("init closed its socket")
+                    if "narrowed" in reply:
+                        break
         except OSError as exc:
             raise SandboxError(f"the standby sandbox has stopped: {exc}") from exc
+        finally:
+            if self._host_end.fileno() >= 0:
+                self._host_end.settimeout(None)
+        if "ruleset" not in reply:
+            raise SandboxError("the standby sandbox sent no ruleset for its kernel")
+        ruleset = int(reply["ruleset"])
+        if reply.get("error"):
+            os.close(ruleset)
+            raise SandboxError(str(reply["error"]))
         self.policy = policy
         self.standby = False
+        self._wants_outbound = self._no_netns is None and policy.network
+        if self._wants_outbound:
+            self._connect_outbound()
+        return ruleset
 
     def signal(self, pid: int, sig: int) -> None:
         try:
@@ -418,7 +491,12 @@ class Sandbox:
             pass
 
     def close(self) -> None:
-        """Let init go: seeing its socket close, it takes its namespace down."""
+        """Let init go: seeing its socket close, it takes its namespace down. Safe to
+        call twice; :meth:`release` finishes once the processes are reaped."""
+        if self._host_end.fileno() >= 0:
+            with self._offer_lock:  # what init said last (a limit reached) is kept
+                while self._receive(socket.MSG_DONTWAIT) is not None:
+                    pass
         if self._init_end.fileno() >= 0:
             self._init_end.close()
         try:
@@ -436,6 +514,20 @@ class Sandbox:
                 self._offered[1].close()
                 self._offered[2].close()
                 self._offered = None
+        if self.outbound is not None:
+            self.outbound.close()
+        if self.cgroups is not None:
+            self.limit_reached()  # read now: the counters go with the folders
+            self.cgroups.remove(0.0)
+
+    def release(self, wait: float = 5.0) -> None:
+        """After the sandbox's processes were reaped: remove its cgroups (waiting up to
+        ``wait`` seconds for the last to go) and reap slirp4netns."""
+        self.close()
+        if self.cgroups is not None:
+            self.cgroups.remove(wait)
+        reap_outbound(wait)
+        sweep_cgroups()
 
 
 def _resolve_for(policy: Policy, roots: Sequence[str]) -> list[str]:

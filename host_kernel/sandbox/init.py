@@ -4,13 +4,20 @@ Run by the Host as ``python -I -S -c "…main(…)" --control FD -- ARGV…``
 (jupyter_client launches it in place of the kernel). It owns, in order:
 
 1. **Launcher** (in the Host's PID namespace): reads the session's ruleset from
-   the control socket, then ``unshare``s a user, mount and PID namespace,
-   mapping the user to itself (no new privilege outside), and forks. It waits
-   for its child and exits with its status, so jupyter_client sees one process
-   whose life is the kernel's.
+   the control socket, joins the sandbox's cgroups and sets its rlimits
+   (host_kernel/sandbox/world.py ``Limits``), then ``unshare``s a user, mount,
+   PID and network namespace, mapping the user to itself (no new privilege
+   outside), and forks. It waits for its child and exits with its status, so
+   jupyter_client sees one process whose life is the kernel's.
 2. **Init** (PID 1 of the new namespace): mounts a fresh ``/proc`` that shows
    only the sandbox's processes (the Host, its pid and its environment block are
-   not there to read), builds the Landlock ruleset once, and starts the kernel.
+   not there to read), builds the private view (fresh ``/tmp``, ``/dev/shm`` and
+   runtime folders, the session's own paths bound back: ``world.View``), brings
+   ``lo`` up in the network namespace (the Host attaches slirp4netns to it when
+   the session has network), builds the Landlock ruleset once (after the view,
+   so its paths name the sandbox's own folders), and starts the kernel. It ends
+   the generation when a limit is reached (an OOM kill, a refused fork) and says
+   which to the Host.
 3. **Spawner**: keeps one command's process forked and confined ahead of
    time and hands the Host its two sockets (orders in, exit status out), so a
    ``host.bash`` call sends its orders straight to it; serves the Host's
@@ -31,7 +38,9 @@ top of the first; the kernel narrows itself (host_kernel/kernel/standby.py).
 
 When the namespaces cannot be made (no unprivileged user namespaces, or a
 ``/proc`` that may not be mounted again), the launcher serves as spawner itself
-and says why in its hello: confinement is then Landlock alone.
+and says why in its hello: confinement is then Landlock alone. A network
+namespace or a private view that cannot be made is left out alone, and the
+hello says why.
 
 This module imports little on purpose (no json, socket or signal wrappers: their
 enum imports cost more than the rest of the start): it is on the path of every
@@ -48,15 +57,14 @@ import marshal
 import os
 import select
 import sys
+import time
+
+from . import world
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWPID = 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
 _PR_SET_PDEATHSIG = 1
 _MAX_MSG = 1 << 20
 _MAX_FDS = 8
@@ -65,37 +73,12 @@ _PREPARE_WHEN_IDLE = 0.02
 _SIGKILL = _signal.SIGKILL
 #: In the kernel's command line, replaced by the spawner's own pid (the kernel's parent).
 SPAWNER_PID = "@SPAWNER_PID@"
+#: Seconds between init's looks at the sandbox's limits (a refused fork, a crowded /proc).
+_WATCH_EVERY = 0.2
+#: init's exit status when it ended the generation at a limit (as if SIGKILLed).
+LIMIT_EXIT = 137
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _unshare() -> None:
-    """A user, mount and PID namespace for our children, the user mapped to itself."""
-    uid, gid = os.geteuid(), os.getegid()
-    _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID), "unshare")
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
-    _write("/proc/self/gid_map", f"{gid} {gid} 1")
-
-
-def _mount_proc() -> None:
-    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
-    _check(_libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None),
-           "mount proc")
 
 
 def _send(ctl: Any, message: dict[str, Any]) -> None:
@@ -221,8 +204,12 @@ class _Spawner:
     """The request loop: start confined commands, signal them, report their exits."""
 
     def __init__(self, ctl: Any, ruleset_fd: int, supervisor: Any = None,
-                 trace: Any = None, standby: bool = False) -> None:
+                 trace: Any = None, standby: bool = False, view: Any = None,
+                 limits: Any = None) -> None:
         self.ctl = ctl
+        #: The private view (world.View; None without one) and the limits (world.Limits).
+        self.view = view
+        self.limits = limits
         #: The rulesets every child enters, in order: the first from the setup; a standby
         #: sandbox gets the session's on top when it is handed out (op "narrow").
         self.rulesets = [] if ruleset_fd < 0 else [ruleset_fd]
@@ -316,6 +303,11 @@ class _Spawner:
         for fd in (ctl_fd, wake_r, trace_fd):
             if fd >= 0:
                 self._poll.register(fd, select.POLLIN)
+        watched: list[int] = [] if self.limits is None else list(self.limits.fds)
+        for fd in watched:
+            self._poll.register(fd, self.limits.poll_mask)
+        every = int(_WATCH_EVERY * 1000)
+        next_look = 0.0
         self.main_pid = self.spawn(kernel_argv, os.getcwd(), dict(os.environ), [0, 1, 2],
                                    new_session=False, source=0)
         if not self.standby:
@@ -326,12 +318,21 @@ class _Spawner:
             # init is idle (not while a command starts and runs on the same CPUs).
             idle = (None if self.offered is not None or self.standby
                     else int(_PREPARE_WHEN_IDLE * 1000))
+            wait = idle if self.limits is None else every if idle is None else min(idle, every)
             try:
-                events = self._poll.poll(idle)
+                events = self._poll.poll(wait)
             except InterruptedError:
                 continue
+            if self.limits is not None:
+                now = time.monotonic()
+                if now >= next_look or any(fd in watched for fd, _ in events):
+                    next_look = now + _WATCH_EVERY
+                    reached = self.limits.check()
+                    if reached is not None:
+                        return self._limit_reached(reached)
             if not events:
-                self.offer()
+                if idle is not None:
+                    self.offer()
                 continue
             ready = set()
             for fd, mask in events:
@@ -368,6 +369,9 @@ class _Spawner:
             code = os.waitstatus_to_exitcode(status)
             if pid == self.main_pid:
                 self._kill_children()
+                reached = None if self.limits is None else self.limits.check()
+                if reached is not None:  # the OOM killer took the kernel itself
+                    _send(self.ctl, {"limit": reached})
                 return code
             status = self.children.pop(pid, None)
             if status is not None:
@@ -431,15 +435,41 @@ class _Spawner:
         return True
 
     def _narrow(self, msg: dict[str, Any]) -> None:
-        """The session this standby sandbox now serves: its ruleset, stacked on the
-        first for every process started from now on, and the folders the tracer keeps."""
-        self.rulesets.append(_ruleset(msg))
+        """The session this standby sandbox now serves: its paths bound into the private
+        view, its ruleset (built here, after them, so it names what the sandbox sees),
+        stacked on the first for every process started from now on and sent back for
+        the kernel to enter, and the folders the tracer keeps."""
+        error = None
+        if self.view is not None and msg.get("keep"):
+            try:
+                self.view.add([], list(msg["keep"]))
+            except OSError as exc:
+                error = f"the session's folders could not be shown in the private view: {exc}"
+        ruleset = _ruleset(msg)
+        self.rulesets.append(ruleset)
+        try:
+            _socket_send_fds(self.ctl, marshal.dumps({"narrowed": True, "error": error}),
+                             [ruleset])
+        except OSError:
+            pass  # the Host is gone; the loop sees EOF next
         if self.supervisor is not None and msg.get("trace_roots") is not None:
             self.supervisor.keep_under(list(msg["trace_roots"]),
                                        list(msg.get("trace_resolve", ())))
         self.standby = False
         if self.offered is None:
             self.offer()
+
+    def _limit_reached(self, which: str) -> int:
+        """A limit was reached: end the generation (every process of the sandbox) and
+        tell the Host which limit, so the record and the next Observation can say so."""
+        if os.getpid() == 1:
+            try:
+                os.kill(-1, _SIGKILL)  # PID 1 of its own namespace: every process in it
+            except OSError:
+                pass
+        self._shutdown()
+        _send(self.ctl, {"limit": which})
+        return LIMIT_EXIT
 
     def _kill_children(self) -> None:
         for pid in list(self.children):
@@ -493,14 +523,21 @@ def main(argv: list[str]) -> int:
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     data, setup_fds = recv_with_fds(ctl, _MAX_MSG, 2)
     setup = marshal.loads(data)
+    hello: dict[str, Any] = {"hello": True, "launcher": os.getpid()}
+    limits = world.enter_limits(setup, hello)
     reason = None
     namespaces = False
+    want_net = bool(setup.get("netns"))
     if setup.get("namespaces", True):
         try:
-            _unshare()
+            hello["network_reason"] = world.unshare(want_net)
             namespaces = True
         except OSError as exc:
             reason = str(exc)
+    hello["network_namespace"] = namespaces and want_net and not hello.get("network_reason")
+    if want_net and not namespaces:
+        hello["network_reason"] = f"no namespaces ({reason})"
+    view = None
     if namespaces:
         child = os.fork()
         if child:
@@ -508,10 +545,19 @@ def main(argv: list[str]) -> int:
             return _exit_code(_relay(child))
         _libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
         try:
-            _mount_proc()
+            world.mount_proc()
         except OSError as exc:
             reason = f"{exc}; /proc still shows the Host"
             namespaces = False
+            hello["view_reason"] = reason
+        else:
+            view = world.inside(setup, hello, limits)
+    elif setup.get("view"):
+        hello["view_reason"] = f"no mount namespace ({reason})"
+    why = world.drop_capabilities()
+    hello["capabilities"] = "files only" if why is None else why
+    if why is not None and os.geteuid() != 0:
+        hello["capabilities"] = "none"  # (an unprivileged user's processes hold none anyway)
     ruleset_fd = _ruleset(setup)
     memory = setup.get("memory")
     if memory:
@@ -532,9 +578,13 @@ def main(argv: list[str]) -> int:
     else:
         for fd in setup_fds:
             os.close(fd)
-    _send(ctl, {"hello": True, "pid_namespace": namespaces, "reason": reason,
-                "traced": supervisor is not None})
-    spawner = _Spawner(ctl, ruleset_fd, supervisor, trace, bool(setup.get("standby")))
+    hello.update({"pid_namespace": namespaces, "reason": reason,
+                  "traced": supervisor is not None, "view": view is not None,
+                  "masked": [] if view is None else view.masked,
+                  "limits": {} if limits is None else limits.report})
+    _send(ctl, hello)
+    spawner = _Spawner(ctl, ruleset_fd, supervisor, trace, bool(setup.get("standby")),
+                       view, limits)
     return _exit_code(spawner.serve(kernel_argv))
 
 

@@ -14,6 +14,14 @@ deny a sub-folder of a granted tree, so "everything but X" is granted as the
 siblings of X and of each of its ancestors (:func:`readable_roots`).
 Writes are narrow: the workspace, the session's private folder, and the shared
 memory and terminal devices programs expect.
+
+It also decides the sandbox's **private view** (:func:`view_of`): which folders
+the sandbox's init covers with a fresh, empty tmpfs in its own mount namespace
+(the places every session on the machine shares: ``/tmp``, ``/var/tmp``,
+``/dev/shm``, the temp root, Jupyter's and the user's runtime folders, the
+records' home), and which of the session's own paths beneath them it binds
+back at their own paths; what other sessions keep there is then absent, not
+merely unreadable.
 """
 
 from __future__ import annotations
@@ -25,13 +33,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Policy", "hidden_paths", "readable_roots", "uncovered"]
+__all__ = ["Policy", "hidden_paths", "readable_roots", "uncovered", "view_of"]
 
 #: Device files any program may open for reading and writing.
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
                 "/dev/tty", "/dev/ptmx")
 #: Shared folders that need writes for ordinary programs (POSIX semaphores, ptys).
 SHARED_WRITABLE = ("/dev/shm", "/dev/pts")
+#: Folders every sandbox sees fresh (a tmpfs of its own), whatever its rules.
+FRESH = ("/tmp", "/var/tmp", "/dev/shm")
+#: The tmpfs options of a fresh folder: /dev/shm is written (POSIX shared memory,
+#: semaphores); the others only hold the mount points of the paths bound back.
+_SHM_OPTIONS = "mode=1777"
+_FOLDER_OPTIONS = "mode=0755,size=16m"
 
 
 def _real(path: str | os.PathLike[str]) -> str:
@@ -218,3 +232,50 @@ def rules_for_record(policy: Policy, abi: int) -> list[dict[str, Any]]:
     rules += [{"path": p, "access": "write"} for p in SHARED_WRITABLE if os.path.exists(p)]
     rules += [{"path": p, "access": "device"} for p in DEVICE_FILES if os.path.exists(p)]
     return rules
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def view_of(policy: Policy, keep: Sequence[str | os.PathLike[str]] = ()
+            ) -> tuple[list[tuple[str, str]], list[str]]:
+    """The private view of a sandbox confined by ``policy``: ``(masks, keeps)``.
+
+    ``masks`` are ``(folder, tmpfs options)``: each folder is covered with an empty
+    tmpfs in the sandbox's mount namespace (the fresh folders, the temp root, the
+    runtime folders of Jupyter and of the user, the records' home: where every
+    session keeps its sockets, connection files and records). ``keeps`` are the
+    paths beneath a mask that the sandbox needs as they are (the workspace, the
+    private and generation folders, the interpreter when it lives under the temp
+    root; ``keep``: the session's runtime folder with its call socket, and its own
+    hidden files, which stay there and unreadable, so a cell that tries is told it is
+    confined); init binds each back at its own path, so every path in the ruleset
+    means what it meant.
+
+    A path that *is* a mask is not bound back (a pool's standby may write beneath the
+    temp root: it gets a fresh one), and a mask that holds no path is simply empty.
+    """
+    masks: dict[str, str] = {}
+    runtime = [p for p in (os.environ.get("XDG_RUNTIME_DIR", ""), f"/run/user/{os.getuid()}")
+               if p and os.path.isabs(p)]
+    from .._paths import records_home
+
+    for folder in (*FRESH, tempfile.gettempdir(), *_jupyter_runtime(), *runtime,
+                   str(records_home())):
+        real = _real(folder)
+        if real != "/" and os.path.isdir(real) and real not in masks:
+            masks[real] = _SHM_OPTIONS if real == _real("/dev/shm") else _FOLDER_OPTIONS
+    wanted = [*policy.writable, *policy.readable, *policy.readable_files,
+              *(_real(p) for p in keep)]
+    keeps = [p for p in dict.fromkeys(wanted)
+             if p not in masks and any(_under(p, m) for m in masks) and os.path.exists(p)]
+    return sorted(masks.items()), keeps
+
+
+def _jupyter_runtime() -> list[str]:
+    try:
+        from jupyter_core.paths import jupyter_runtime_dir
+        return [jupyter_runtime_dir()]
+    except Exception:  # noqa: BLE001 - jupyter_core missing or misconfigured: nothing to cover
+        return []
