@@ -226,3 +226,23 @@ def test_the_reproduction_reads_only_its_allow_list(armed_host: Host, tmp_path: 
         assert r.accepted, r
     finally:
         outside.unlink()
+
+
+def test_a_cell_cannot_write_the_overlays_the_host_installs(judged: Host) -> None:
+    """The Host-built overlays are what every reproduction imports and are reused across
+    sessions: a cell (or its command) that tries to plant a module there is refused by the
+    OS, so the cache's marker and RECORD check never have to stand alone."""
+    import os
+
+    from host_kernel.reproduce.world import HostOverlays
+
+    root = HostOverlays().root
+    root.mkdir(parents=True, exist_ok=True)
+    obs = judged.execute(
+        "import os\n"
+        f"try:\n    open(os.path.join({str(root)!r}, 'planted.py'), 'w').write('x')\n"
+        "    print('WROTE')\nexcept OSError as e:\n    print('REFUSED', type(e).__name__)\n"
+        f"r = host.bash('touch {root}/planted2.py')\nprint('EXIT', r.exit_status)")
+    assert "REFUSED" in obs.text and "WROTE" not in obs.text, obs.text
+    assert "EXIT 0" not in obs.text, obs.text
+    assert not os.path.exists(root / "planted.py") and not os.path.exists(root / "planted2.py")

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import mimetypes
-import os
-import stat
 import subprocess
-import tempfile
 import threading
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
-from .._errors import BadArguments, FileProblem, PathRefused, StorageError
+from .._errors import BadArguments, FileProblem, StorageError
 from .._ids import mint_uuid
 from .._models import Artifact
 from ..lineage.flow import OBSERVED, TRACED
@@ -38,7 +34,6 @@ from ._cells import RunningCell
 from ._generations import KERNEL_SET_ENV
 from ._lineage import confirm_with_llm
 from ._server import Emit, RawBody
-from ._workspace import Workspace, WrittenFile
 
 __all__ = ["HANDLERS"]
 
@@ -105,56 +100,10 @@ def _record_write(ctx: CallContext, cell: RunningCell, written: Any, op: str) ->
 def write_file(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) -> Any:
     body = args.get("content")
     if isinstance(body, RawBody):  # the file's bytes still on the wire: stream them to disk
-        written = _write_stream(ctx.workspace, args.get("path"), body)
+        written = ctx.workspace.write_stream(args.get("path"), body.chunks())
     else:
         written = ctx.workspace.write_bytes(args.get("path"), _content(args, "content"))
     return _record_write(ctx, cell, written, "write")
-
-
-def _write_stream(workspace: Workspace, path: object, body: RawBody) -> WrittenFile:
-    """Write a raw body to ``path`` as :meth:`Workspace.write_bytes` writes bytes
-    (atomically: a temp file in the target folder, fsync, rename), reading it from the
-    connection piece by piece and hashing as it goes, so the Host never holds the file.
-    A body that stops short leaves nothing behind."""
-    real = workspace.resolve(path)
-    if real == workspace.root or real.is_dir():
-        raise FileProblem(f"{path!r} is a directory; give a file path")
-    parent = real.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise FileProblem(f"a parent of {path!r} exists and is not a directory") from None
-    except OSError as exc:
-        raise StorageError(f"cannot create the folder for {path!r}: {exc.strerror}") from None
-    if not workspace.contains(Path(os.path.realpath(parent))):
-        raise PathRefused(f"{path!r}: its folder leads outside the workspace")
-    try:
-        mode = stat.S_IMODE(real.stat().st_mode)
-    except OSError:
-        mode = 0o644
-    digest = hashlib.sha256()
-    size = 0
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{real.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in body.chunks():
-                out.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, real)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise StorageError(f"cannot write {path!r}: {exc.strerror}; nothing was "
-                               f"changed") from None
-        raise
-    return WrittenFile(workspace.relative(real), digest.hexdigest(), size)
 
 
 def edit_file(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) -> Any:

@@ -19,7 +19,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path, PurePosixPath
@@ -134,6 +134,12 @@ class Workspace:
 
     def write_bytes(self, path: object, data: bytes) -> WrittenFile:
         """Write atomically: a temp file in the target folder, fsync, rename."""
+        return self.write_stream(path, (data,))
+
+    def write_stream(self, path: object, chunks: Iterable[bytes]) -> WrittenFile:
+        """Write ``chunks`` to ``path`` atomically (a temp file in the target folder,
+        fsync, rename), hashing as they are written, so a caller streaming a large body
+        never holds it. A stream that fails part way leaves nothing behind."""
         real = self.resolve(path)
         if real == self.root or real.is_dir():
             raise FileProblem(f"{path!r} is a directory; give a file path")
@@ -151,10 +157,15 @@ class Workspace:
             mode = stat.S_IMODE(real.stat().st_mode)
         except OSError:
             mode = 0o644
+        digest = hashlib.sha256()
+        size = 0
         fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{real.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:
-                out.write(data)
+                for chunk in chunks:
+                    out.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
             os.chmod(tmp, mode)
@@ -168,7 +179,7 @@ class Workspace:
                 raise StorageError(f"cannot write {path!r}: {exc.strerror}; nothing was "
                                    f"changed") from None
             raise
-        return WrittenFile(self.relative(real), hashlib.sha256(data).hexdigest(), len(data))
+        return WrittenFile(self.relative(real), digest.hexdigest(), size)
 
 
 def _open_for_hash(path: Path, follow_symlinks: bool, root: Path | None) -> BufferedReader:
