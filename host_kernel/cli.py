@@ -59,6 +59,7 @@ from ._cli.common import (
     store_options,
     writable_record,
 )
+from ._cli.derive import REDERIVE, SLICE
 from ._cli.exec import EXEC
 from ._cli.readers import AUDIT, LINEAGE, LS, RECEIPT, SHOW
 from ._version import __version__
@@ -71,7 +72,7 @@ __all__ = ["COMMANDS", "COMMAND_MODULES", "EXIT_BROKEN_PIPE", "EXIT_FAILED",
 
 #: Every subcommand, in the order ``--help`` lists them. Commands that live with the
 #: part they drive are added from the modules named in :data:`COMMAND_MODULES`.
-COMMANDS: list[Command] = [EXEC, AUDIT, LS, SHOW, LINEAGE, RECEIPT]
+COMMANDS: list[Command] = [EXEC, AUDIT, LS, SHOW, LINEAGE, SLICE, REDERIVE, RECEIPT]
 
 #: Modules that each define ``COMMANDS: list[Command]`` (the kernelspec front, the
 #: agent loop, the MCP server, the record viewer); loaded when the parser is built.

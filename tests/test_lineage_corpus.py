@@ -7,9 +7,9 @@ import json
 import time
 from pathlib import Path
 
-from host_kernel import Host
-
 from lineage_corpus import CASES, Case
+
+from host_kernel import Host
 
 #: Precision and recall both, the issue's target; the known miss left is the dynamic-path
 #: decoy (dynamic_paths_and_a_decoy_in_one_cell).
@@ -26,7 +26,12 @@ def _labels(host: Host) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for r in rows:
         found: set[str] = set()
-        for item in json.loads(r["lineage"] or "{}").get("inputs", []):
+        lineage = json.loads(r["lineage"] or "{}")
+        # The truth is "bytes flowed", transitively through session-made files: an
+        # artifact's direct inputs and, for the files among them, their derivations.
+        items = [*lineage.get("inputs", []),
+                 *(i for d in lineage.get("derivations", []) for i in d.get("inputs", []))]
+        for item in items:
             if item.get("artifact_id"):
                 found.add(f"artifact:{names.get(item['artifact_id'], item['artifact_id'])}")
             elif item.get("receipt_id"):

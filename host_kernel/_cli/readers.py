@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .common import (
     EXIT_OK,
@@ -28,6 +29,19 @@ from .common import (
 )
 
 __all__ = ["AUDIT", "LINEAGE", "LS", "RECEIPT", "SHOW"]
+
+
+def _stderr(line: str) -> None:
+    from ..browse import printable
+
+    print(printable(line), file=sys.stderr, flush=True)
+
+
+def _rederive_options(parser: argparse.ArgumentParser) -> None:
+    from .derive import _options
+
+    group = parser.add_argument_group("with --rederive")
+    _options(group)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- audit
@@ -52,6 +66,10 @@ def _audit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="re-run every accepted submission's test evidence from the record "
                              "(declared files and baseline from the blob store), confined, and "
                              "fail (reproduction_differs) when an outcome differs")
+    parser.add_argument("--rederive", action="store_true",
+                        help="also re-derive every artifact from its slice in a fresh confined "
+                             "kernel (docs/lineage.md) and fail unless each is reproduced")
+    _rederive_options(parser)
     group = parser.add_argument_group("a PostgreSQL ledger (docs/scale.md)")
     group.add_argument("--ledger", metavar="URL", default=None,
                        help="audit the PostgreSQL ledger at URL (postgresql://…) instead of a "
@@ -135,9 +153,9 @@ def _audit_run(args: argparse.Namespace) -> int:
     if args.ledger is not None:
         if args.record is not None or args.record_option is not None:
             raise UsageError("give a record folder or --ledger URL, not both")
-        if args.expect_head is not None or args.reproduce:
-            raise UsageError("--expect-head and --reproduce work on a record folder, not "
-                             "with --ledger")
+        if args.expect_head is not None or args.reproduce or args.rederive:
+            raise UsageError("--expect-head, --reproduce and --rederive work on a record "
+                             "folder, not with --ledger")
         check_ledger_url(args.ledger)
         report = audit_ledger(args.ledger, sessions=args.session, since=args.since,
                               blobs=args.blobs, strict=args.strict, progress=progress,
@@ -151,15 +169,30 @@ def _audit_run(args: argparse.Namespace) -> int:
         report = audit(record_argument(args), strict=args.strict,
                        expect_head=args.expect_head, reproduce=args.reproduce,
                        progress=progress)
+    rederived: list[Any] = []
+    if args.rederive and not any(f.fatal for f in report.findings):
+        from .derive import rederive_all
+
+        rederived = rederive_all(record_argument(args), args, None if args.json else _stderr)
     if args.json:
-        print_line(printable_json(report.to_dict(), ascii_only=True))
+        body = report.to_dict()
+        if args.rederive:
+            body["rederivations"] = [r.to_dict() for r in rederived]
+        print_line(printable_json(body, ascii_only=True))
     else:
         for finding in report.findings:  # a finding quotes the record: paths, commands
             print_line(printable(str(finding), lines=True))
+        for result in rederived:
+            print_line(printable(result.line()))
         if report.head is not None:
             print_line(f"head: {report.head}")
         print_line(report.summary())
     fatal = [f for f in report.findings if f.fatal]
+    unproven = [r for r in rederived if r.outcome != "reproduced"]
+    if not fatal and unproven:
+        more = f" (and {len(unproven) - 1} more)" if len(unproven) > 1 else ""
+        raise CommandFailed(printable(f"[{unproven[0].outcome}] artifact "
+                                      f"{unproven[0].artifact_id}: {unproven[0].detail}{more}"))
     if fatal:  # the findings above say it all; stderr gets the one line every command gives
         more = f" (and {len(fatal) - 1} more failures)" if len(fatal) > 1 else ""
         raise CommandFailed(printable(f"[{fatal[0].code}] {fatal[0].where}: "
@@ -191,6 +224,21 @@ def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
     add_record_arguments(parser, positional=False, workdir=True)
     parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json"),
                         default="text", help="output format (default: text)")
+    parser.add_argument("--depth", metavar="N", type=_depth, default=None,
+                        help="derivation steps up from the artifact: 1 is its direct inputs, "
+                             "'all' (the default) the whole chain through session-made files")
+
+
+def _depth(value: str) -> int | None:
+    if value == "all":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a number of steps >= 1, or 'all'") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("expected a number of steps >= 1, or 'all'")
+    return number
 
 
 def _lineage_run(args: argparse.Namespace) -> int:
@@ -200,7 +248,7 @@ def _lineage_run(args: argparse.Namespace) -> int:
 
     record = record_argument(args)
     try:
-        graph = record_lineage(record, args.artifact_id)
+        graph = record_lineage(record, args.artifact_id).depth(args.depth)
     except FileProblem as exc:
         raise UsageError(exc.message) from None
     # Names, paths and commands in the graph come from the record: each is printed with

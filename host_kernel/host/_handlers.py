@@ -25,6 +25,7 @@ from .._ids import mint_uuid
 from .._models import Artifact
 from ..lineage.flow import OBSERVED, TRACED
 from ..lineage.graph import build_lineage
+from ..lineage.slice import compute_slice
 from ..sandbox.client import SandboxError
 from ..verify import Submission
 from . import _subtasks
@@ -168,6 +169,8 @@ def bash(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) 
         body = ctx.redactor.deep(run_command(command, cwd, dict(env), timeout, command_ctx,
                                              emit))
         ctx.record.append("receipt_recorded", body)
+        # Before lineage hashes the command's reads: the copy leaves their hashes cached.
+        ctx.cells.keeper.command_finished(cell.cell_id, body)
         try:
             ctx.lineage.receipt(cell.cell_id, body)
         except Exception:  # noqa: BLE001 - lineage never blocks a receipt
@@ -279,6 +282,16 @@ def artifacts(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: E
                      r["source_path"]).to_dict() for r in rows]
 
 
+def slice_call(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+    artifact_id = args.get("artifact_id")
+    if not isinstance(artifact_id, str):
+        raise BadArguments("slice(artifact_id): artifact_id must be a str (the UUID)")
+    if not ctx.record.own_rows("SELECT 1 FROM artifacts WHERE artifact_id = ? AND session = ?",
+                               (artifact_id, ctx.record.session_id)):
+        raise BadArguments(f"slice: no artifact {artifact_id!r} in this session")
+    return compute_slice(ctx.record.ledger, artifact_id).to_dict()
+
+
 #: Every host call the kernel may make, by name.
 HANDLERS: dict[str, Handler] = {
     "ping": ping,
@@ -293,6 +306,7 @@ HANDLERS: dict[str, Handler] = {
     "cell_access": cell_access,
     "submit_output": submit_output,
     "lineage": lineage_call,
+    "slice": slice_call,
     "skills": lambda ctx, cell, args, emit: _subtasks.skills_call(ctx, args),
     "delegate": lambda ctx, cell, args, emit: _subtasks.start(ctx, cell, args),
     "collect": lambda ctx, cell, args, emit: _subtasks.collect(ctx, cell, args),

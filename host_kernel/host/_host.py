@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ._handlers import HANDLERS
 from ._lineage import SessionLineage, read_source
 from ._options import HostOptions
 from ._record import SessionRecord
+from ._rederive import Rederivation, rederive
 from ._server import CallServer, Emit
 from ._session import Launch, Session
 from ._submissions import Submissions
@@ -304,3 +306,20 @@ class Host:
     def own_rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         """Rows of this session's projection as the Host can vouch for them."""
         return self.record.own_rows(sql, params)
+
+    def rederive(self, artifact_id: str, *, minimal: bool = False,
+                 tolerance: float | None = None, timeout: float | None = 600,
+                 progress: Callable[[str], None] | None = None) -> Rederivation:
+        """Run the artifact's slice in a fresh confined kernel over a fresh workspace that
+        holds only its recorded input bytes, and compare what it writes with the artifact
+        (docs/lineage.md, "Re-derivation"). The record read is this session's own."""
+        self._require_open()
+        ledger = self.ledger
+        assert ledger is not None
+        return rederive(ledger, self.record.blobs, artifact_id, fresh_host, minimal=minimal,
+                        tolerance=tolerance, timeout=timeout, progress=progress)
+
+
+def fresh_host(workspace: Path, record: Path) -> Host:
+    """The Host a re-derivation runs a slice in: defaults, its own record."""
+    return Host(workspace, record_dir=record)

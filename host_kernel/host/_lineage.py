@@ -70,6 +70,12 @@ class SessionLineage:
         #: sha256 → the first artifact of this session saved with those bytes: a file read
         #: later with the same bytes links to the artifact (and so to its own upstream).
         self.artifact_bytes: dict[str, str] = {}
+        #: path → what wrote its current content in this session: {"cell": id} or
+        #: {"receipt": id, "cell": id, "command": …}
+        self.writers: dict[str, dict[str, Any]] = {}
+        #: (path, sha256) of a session-made file as it was read → its derivation: who wrote
+        #: those bytes and the direct inputs they were made from (the graph's file edges).
+        self.derivations: dict[tuple[str, str], dict[str, Any]] = {}
 
     # -- feeding
 
@@ -80,17 +86,55 @@ class SessionLineage:
             self.artifact_bytes.setdefault(sha256, artifact_id)
 
     def _file_source(self, rel: str, sha: str, method: str, cell_id: str) -> list[Source]:
-        """A read of ``rel`` (bytes ``sha``) as sources: an artifact materialised there or
-        saved with those bytes; otherwise the file, and, when the session wrote it
-        earlier, the inputs of that content too (chains through files)."""
+        """A read of ``rel`` (bytes ``sha``) as its one direct source: an artifact
+        materialised there or saved with those bytes; otherwise the file. When the session
+        wrote the file earlier, what its content was made from is kept as the file's own
+        derivation (an edge of the graph), not added to the reader's inputs."""
         loaded = self.materialised.get(rel)
         if loaded is not None and loaded[1] == sha:
             return [Source(f"artifact:{loaded[0]}", method, cell_id, sha)]
         saved = self.artifact_bytes.get(sha)
         if saved is not None:
             return [Source(f"artifact:{saved}", method, cell_id, sha)]
-        return [Source(file_key(rel), method, cell_id, sha),
-                *self.tracker.inputs_for_file(rel)]
+        writer = self.writers.get(rel)
+        if writer is not None and (rel, sha) not in self.derivations:
+            upstream = self.tracker.inputs_for_file(rel)
+            self.derivations[(rel, sha)] = {
+                "path": rel, "sha256": sha, "written_by": dict(writer),
+                "inputs": [self._item(s) for s in upstream],
+                "truncated": self.tracker.is_truncated(rel)}
+        return [Source(file_key(rel), method, cell_id, sha)]
+
+    def _note_writes(self, cell_id: str, writes: Iterable[str],
+                     renames: Sequence[tuple[str, str]], removes: Iterable[str]) -> None:
+        for rel in writes:
+            self.writers[rel] = {"cell": cell_id}
+        for src, dst in renames:
+            moved = self.writers.pop(src, None)
+            if moved is not None:
+                self.writers[dst] = moved
+        for rel in removes:
+            if rel not in writes:
+                self.writers.pop(rel, None)
+
+    def derivations_of(self, items: Iterable[dict[str, Any]],
+                       limit: int = 1_000) -> list[dict[str, Any]]:
+        """The derivations of the session-made files among ``items`` (lineage input
+        records) and of their own inputs, transitively, each once, nearest first."""
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        queue = list(items)
+        while queue and len(out) < limit:
+            item = queue.pop(0)
+            key = (item.get("path"), item.get("sha256"))
+            if not isinstance(key[0], str) or not isinstance(key[1], str) or key in seen:
+                continue
+            seen.add(key)  # type: ignore[arg-type]
+            found = self.derivations.get(key)  # type: ignore[arg-type]
+            if found is not None:
+                out.append(found)
+                queue += found["inputs"]
+        return out
 
     def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str,
                  method: str = OBSERVED) -> list[tuple[str, Source]]:
@@ -153,6 +197,7 @@ class SessionLineage:
         observe(self.tracker, cell_id, code, sources,
                 [w for w in writes if w not in loaded_paths], renames, removes,
                 source_of=self.source_of)
+        self._note_writes(cell_id, writes, renames, removes)
 
     def receipt(self, cell_id: str, body: dict[str, Any]) -> None:
         """A command ran: the files it created or changed come from it and its named inputs."""
@@ -163,7 +208,11 @@ class SessionLineage:
             if change["change"] == "deleted":
                 self.tracker.forget_file(change["path"])
                 self.materialised.pop(change["path"], None)
+                self.writers.pop(change["path"], None)
             else:
+                self.writers[change["path"]] = {
+                    "receipt": body["receipt_id"], "cell": cell_id,
+                    "command": body.get("command")}
                 self.tracker.note_receipt_write(change["path"], body["receipt_id"], inputs,
                                                 cell_id=cell_id)
 
@@ -230,7 +279,16 @@ class SessionLineage:
                 self.workspace.root / rel, root=self.workspace.root):
             # Saving a materialised artifact again: its input is that artifact.
             found = [Source(f"artifact:{loaded[0]}", OBSERVED, cell_id, loaded[1])]
-        return {"inputs": [self._item(s) for s in found], "truncated": truncated}
+        items = [self._item(s) for s in found]
+        record: dict[str, Any] = {"inputs": items, "truncated": truncated}
+        writer = self.writers.get(rel)
+        if not written_now and writer is not None:
+            # saved from a file an earlier cell or command made: that is what produced it
+            record["written_by"] = dict(writer)
+        derivations = self.derivations_of(items)
+        if derivations:
+            record["derivations"] = derivations
+        return record
 
     def _item(self, s: Source) -> dict[str, Any]:
         kind, _, rest = s.key.partition(":")

@@ -301,7 +301,11 @@ def _result_of(host: CallContext, started: dict[str, Any], finished: Any) -> dic
                 "artifact_id": row["artifact_id"], "filename": row["filename"],
                 "sha256": row["sha256"], "size": row["size"], "media_type": row["media_type"]})
             lineage = json.loads(row["lineage"]) if row["lineage"] else {}
-            for item in lineage.get("inputs", ()):
+            # Direct inputs, and the inputs of the child-made files among them (their
+            # derivations): what the child's artifacts were made from, all the way up.
+            upstream = [*lineage.get("inputs", ()), *(
+                i for d in lineage.get("derivations", ()) for i in d.get("inputs", ()))]
+            for item in upstream:
                 if item.get("path") and item.get("sha256"):
                     reads.setdefault((item["path"], item["sha256"]), item.get("hashed_at"))
         result["read_inputs"] = _map_reads(started, reads)

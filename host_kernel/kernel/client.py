@@ -250,6 +250,14 @@ class HostClient:
 
         return Lineage.from_dict(self._call("lineage", artifact_id=artifact_id))
 
+    def slice(self, artifact_id: str) -> Any:
+        """The smallest ordered set of this session's cells that makes the artifact, with
+        the inputs it needs (a :class:`~host_kernel.lineage.slice.Slice`: ``to_script()``,
+        ``to_notebook()``), computed by the Host from its record."""
+        from ..lineage.slice import Slice
+
+        return Slice.from_dict(self._call("slice", artifact_id=artifact_id))
+
     def load_artifact(self, artifact_id: str, path: str | None = None) -> str:
         """Materialise an artifact's bytes into the workspace; returns the path written."""
         return str(self._call("load_artifact", artifact_id=artifact_id, path=path)["path"])
@@ -302,13 +310,20 @@ class HostClient:
     def submit_output(self, output: Any, completion_bullets: Any, *, task_status: Any = None,
                       output_schema: Any = None, source_files: Any = None,
                       entry_points: Any = None, architecture_summary: Any = None,
-                      test_evidence: Any = None, intended_changes: Any = None) -> Verdict:
+                      test_evidence: Any = None, intended_changes: Any = None,
+                      regenerates: Any = None, rederive: Any = None) -> Verdict:
         """Ask the Host to verify and accept a completion.
 
         ``intended_changes`` (``codebase_change``): the baseline tests whose behaviour the
         change means to alter, ``[{"test": node id or file, "reason": why}]``; the Host
         runs every baseline test at its baseline bytes, and one that passed before and
         fails now is refused unless it is named here (a reviewer reads these first).
+
+        ``regenerates`` (``reusable_pipeline``): ``[{"command": …, "artifacts": [ids]}]``,
+        commands the Host runs in the reproduction sandbox on the declared tree and the
+        recorded inputs; accepted only when each writes its artifacts' exact bytes.
+        ``rederive=True`` (``analysis_run``): accepted only when the Host re-derives every
+        artifact the output names from its slice, in a fresh confined kernel.
 
         Returns the Verdict when accepted; raises SubmissionRefused (carrying the
         Verdict, its message listing every failed check) when refused. Both are
@@ -320,8 +335,10 @@ class HostClient:
             "entry_points": entry_points, "architecture_summary": architecture_summary,
             "test_evidence": test_evidence,
         }
-        if intended_changes is not None:
-            args["intended_changes"] = intended_changes
+        for key, value in (("intended_changes", intended_changes),
+                           ("regenerates", regenerates), ("rederive", rederive)):
+            if value is not None:
+                args[key] = value
         for key, value in list(args.items()):
             args[key] = _jsonable(value, key)
         try:

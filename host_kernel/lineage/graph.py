@@ -110,20 +110,40 @@ def build_lineage(
             edges.append(LineageEdge(anode, cnode, "wasGeneratedBy"))
         lineage = json.loads(row["lineage"]) if row["lineage"] else {}
         truncated = truncated or bool(lineage.get("truncated"))
-        for item in lineage.get("inputs", []):
-            inode = _input_node(item, receipts)
-            if inode is not None and inode.kind == "subtask":
-                inode = _subtask_node(item["handle"], subtasks)
-            if inode is None or not add(inode):
-                continue
-            edges.append(LineageEdge(anode, inode.id, "wasDerivedFrom", item.get("method")))
-            via = item.get("via_cell")
-            if via and f"cell:{via}" in nodes and inode.kind != "receipt":
-                edges.append(LineageEdge(f"cell:{via}", inode.id, "used"))
-            if inode.kind == "artifact":
-                queue.append(item["artifact_id"])
-            elif inode.kind == "subtask":
-                queue += _subtask_upstream(inode, subtasks, add, edges)
+        derivations = {(d.get("path"), d.get("sha256")): d
+                       for d in lineage.get("derivations", ()) if isinstance(d, dict)}
+        # (node the inputs belong to, its input records): the artifact, then each
+        # session-made file among them, through its own derivation (direct inputs only).
+        pending: list[tuple[str, list[Any]]] = [(anode, lineage.get("inputs", []))]
+        derived: set[str] = set()
+        while pending:
+            owner, items = pending.pop(0)
+            for item in items:
+                if not isinstance(item, dict):
+                    continue
+                inode = _input_node(item, receipts)
+                if inode is not None and inode.kind == "subtask":
+                    inode = _subtask_node(item["handle"], subtasks)
+                if inode is None or not add(inode):
+                    continue
+                edges.append(LineageEdge(owner, inode.id, "wasDerivedFrom", item.get("method")))
+                via = item.get("via_cell")
+                if via and f"cell:{via}" in nodes and inode.kind != "receipt":
+                    edges.append(LineageEdge(f"cell:{via}", inode.id, "used"))
+                if inode.kind == "artifact":
+                    queue.append(item["artifact_id"])
+                elif inode.kind == "subtask":
+                    queue += _subtask_upstream(inode, subtasks, add, edges)
+                elif inode.kind == "file" and inode.id not in derived:
+                    found = derivations.get((item.get("path"), item.get("sha256")))
+                    if found is None:
+                        continue
+                    derived.add(inode.id)
+                    truncated = truncated or bool(found.get("truncated"))
+                    maker = _maker_node(found.get("written_by"), receipts)
+                    if maker is not None and add(maker):
+                        edges.append(LineageEdge(inode.id, maker.id, "wasGeneratedBy"))
+                    pending.append((inode.id, list(found.get("inputs", ()))))
     return Lineage(
         f"artifact:{artifact_id}", tuple(nodes.values()), tuple(_dedupe(edges)), truncated
     )
@@ -177,6 +197,19 @@ def _subtask_upstream(node: LineageNode, subtasks: dict[str, dict[str, Any]],
         if inode.kind == "artifact":
             more.append(read["artifact_id"])
     return more
+
+
+def _maker_node(writer: Any, receipts: dict[str, Any]) -> LineageNode | None:
+    """The cell or command that wrote a session-made file's content."""
+    if not isinstance(writer, dict):
+        return None
+    if isinstance(writer.get("receipt"), str):
+        return _input_node({"receipt_id": writer["receipt"],
+                            "command": writer.get("command")}, receipts)
+    if isinstance(writer.get("cell"), str):
+        return LineageNode(f"cell:{writer['cell']}", "cell", f"cell {writer['cell']}",
+                           {"cell_id": writer["cell"]})
+    return None
 
 
 def _input_node(item: dict[str, Any], receipts: dict[str, Any]) -> LineageNode | None:

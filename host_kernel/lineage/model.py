@@ -59,10 +59,48 @@ class Lineage(Displayed):
         return next(n for n in self.nodes if n.id == node_id)
 
     def inputs(self, node_id: str | None = None) -> list[LineageNode]:
-        """Direct inputs of a node (default: the root artifact), through its generating cell."""
+        """Direct inputs of a node (default: the root artifact): what the cell that made it
+        read, a session-made file among them being one input."""
         nid = node_id or self.root
         direct = [e.dst for e in self.edges if e.src == nid and e.relation == "wasDerivedFrom"]
-        return [self.node(d) for d in direct]
+        return [self.node(d) for d in dict.fromkeys(direct)]
+
+    def upstream(self, node_id: str | None = None) -> list[LineageNode]:
+        """Every node a node (default: the root artifact) was derived from, transitively
+        (PROV's ``wasDerivedFrom`` chain through session-made files, artifacts and
+        sub-tasks), nearest first, each once."""
+        nid = node_id or self.root
+        out: dict[str, None] = {}
+        frontier = [nid]
+        while frontier:
+            current = frontier.pop(0)
+            for edge in self.edges:
+                if edge.src == current and edge.relation == "wasDerivedFrom" \
+                        and edge.dst not in out and edge.dst != nid:
+                    out[edge.dst] = None
+                    frontier.append(edge.dst)
+        return [self.node(d) for d in out]
+
+    def depth(self, depth: int | None) -> Lineage:
+        """The graph cut ``depth`` derivation steps up from the root (None: all of it);
+        1 keeps the direct inputs and the cell that made the root."""
+        if depth is None:
+            return self
+        keep = {self.root: 0}
+        frontier = [self.root]
+        while frontier:
+            current = frontier.pop(0)
+            for edge in self.edges:
+                if edge.src != current or edge.dst in keep:
+                    continue
+                step = keep[current] + (1 if edge.relation == "wasDerivedFrom" else 0)
+                if edge.relation == "used" or step > depth:
+                    continue
+                keep[edge.dst] = step
+                frontier.append(edge.dst)
+        edges = tuple(e for e in self.edges if e.src in keep and e.dst in keep)
+        return Lineage(self.root, tuple(n for n in self.nodes if n.id in keep), edges,
+                       self.truncated)
 
     def to_dict(self) -> dict[str, Any]:
         return {
