@@ -240,8 +240,9 @@ def test_conditional_del_is_not_a_deletion() -> None:
 def test_method_call_statement_mutates_the_receiver() -> None:
     result = names("rows.append(x)")
     assert result.mutated == {"rows"}
-    assert result.used == {"rows", "x"}
+    assert result.used == {"x"}  # putting a value in reads nothing of what rows holds
     assert result.defined == set()
+    assert names("rows.sort(key=x)").used == {"rows", "x"}
 
 
 def test_method_call_used_for_its_value_is_not_a_mutation() -> None:
@@ -457,3 +458,80 @@ def test_imports_list_the_dotted_modules() -> None:
     result = names("import pkg.x as m\nfrom helpers import f\nimport a.b")
     assert set(result.imports) == {("m", "pkg.x", "pkg.x"), ("f", "helpers.f", "helpers.f"),
                                    ("a", "a", "a.b")}
+
+
+# -- containers at known keys ------------------------------------------------------
+
+
+def test_a_literal_subscript_and_get_read_a_name_at_those_keys_only() -> None:
+    result = names("keep = pd.concat([d['oslo'], d.get('bergen'), e[0]])")
+    assert result.key_uses == {"d": (frozenset({"'oslo'", "'bergen'"}), False),
+                               "e": (frozenset({"0"}), False)}
+
+
+def test_any_other_load_reads_the_whole_name() -> None:
+    for code in ("x = d[k]", "x = d['a'] + len(d)", "f(d)", "x = [v for v in d.values()]",
+                 "def f():\n    return d['a']"):
+        assert "d" not in names(code).key_uses, code
+        assert "d" in names(code).used, code
+
+
+def test_a_comprehension_filtered_by_key_reads_those_keys() -> None:
+    assert names("t = {k: v for k, v in d.items() if k in ('a', 'b')}").key_uses == {
+        "d": (frozenset({"'a'", "'b'"}), False)}
+    assert names("t = [d[k] for k in ('a', 'b')]").key_uses == {
+        "d": (frozenset({"'a'", "'b'"}), False)}
+    assert names("t = {k: d[k] for k in d if k != 'c'}").key_uses == {
+        "d": (frozenset({"'c'"}), True)}
+
+
+def test_a_name_only_stored_into_is_mutated_not_used() -> None:
+    result = names("d[name] = pd.read_csv(name)")
+    assert result.mutated == {"d"}
+    assert result.used == {"name", "pd"}
+    assert result.key_store is None
+
+
+def test_one_store_at_a_literal_key_is_a_key_store() -> None:
+    assert names("d['oslo'] = f(x)").key_store == ("d", "'oslo'", True)
+    assert names("(names,)\nd[3] = f(x)").key_store == ("d", "3", True)  # a loop's control
+    assert names("del d['a']").key_store == ("d", "'a'", True)
+    for code in ("d['a'] += 1", "d['a']['b'] = 1", "d['a'].append(1)", "d['a'].x = 1",
+                 "d['a'].to_csv(p)"):
+        assert names(code).key_store == ("d", "'a'", False), code
+    for code in ("d['a'] = 1; x = 2", "d[k] = 1", "d.append(1)", "f(d['a'])", "o.d['a'] = 1"):
+        assert names(code).key_store is None, code
+
+
+def test_fresh_dicts_are_listed() -> None:
+    assert names("a = {}\nb = dict()\nc = {k: 1 for k in x}\nl = []").dicts == {"a", "b", "c"}
+
+
+# -- functions with state ----------------------------------------------------------
+
+
+def test_a_cached_function_changes_itself_when_called() -> None:
+    for decorator in ("functools.lru_cache(maxsize=None)", "functools.cache", "lru_cache"):
+        function = names(f"@{decorator}\ndef load(p):\n    return open(p).read()").function(
+            "load")
+        assert function is not None and function.changes == {"load"}, decorator
+
+
+def test_a_function_filling_a_module_dict_changes_it_when_called() -> None:
+    function = names("def remember(p):\n    if p not in _seen:\n"
+                     "        _seen[p] = open(p).read()\n    out.append(p)\n"
+                     "    local = {}\n    local['x'] = 1\n    return _seen[p]").function("remember")
+    assert function is not None and function.changes == {"_seen", "out"}
+    assert not function.makes_state
+
+
+def test_a_function_building_a_closure_with_state_makes_state() -> None:
+    function = names("def memoised():\n    memo = {}\n    def get(p):\n"
+                     "        return memo.setdefault(p, open(p).read())\n    return get"
+                     ).function("memoised")
+    assert function is not None and function.makes_state and function.changes == set()
+
+
+def test_a_method_chained_on_a_changing_method_changes_the_root() -> None:
+    assert names("groups.setdefault(k, []).append(row)").mutated == {"groups"}
+    assert names("df.head().to_csv(p)").mutated == set()

@@ -652,3 +652,141 @@ def test_the_kernels_own_names_are_not_taken_for_unknown_names() -> None:
         ("c2", "host.write_file('o', '1')", [], ["o"]),
     ])
     assert tracker.inputs_for_file("o") == ()
+
+
+# -- containers at known keys ------------------------------------------------------
+
+
+def keys_of(tracker: FlowTracker, name: str) -> list[str]:
+    return sorted(s.key.removeprefix("file:") for s in tracker.names_taint(name))
+
+
+def test_a_store_at_a_key_is_read_back_at_that_key_only() -> None:
+    tracker = run([
+        ("c1", "d = {}", [], []),
+        ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+        ("c3", "d['b'] = open('b.csv').read()", ["b.csv"], []),
+        ("c4", "keep = d['a']", [], []),
+        ("c5", "open('o.txt', 'w').write(d['b'])", [], ["o.txt"]),
+    ])
+    assert keys_of(tracker, "keep") == ["a.csv"]
+    assert [s.key for s in tracker.inputs_for_file("o.txt")] == ["file:b.csv"]
+    assert keys_of(tracker, "d") == ["a.csv", "b.csv"]
+
+
+def test_a_key_not_known_or_a_whole_use_reads_every_key() -> None:
+    cells: list[Cell] = [("c1", "d = {}", [], []),
+                         ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+                         ("c3", "d['b'] = open('b.csv').read()", ["b.csv"], [])]
+    for code in ("x = d[k]", "x = d['zzz']", "x = list(d)", "x = {k: d[k] for k in d}"):
+        tracker = run([*cells, ("c4", code, [], [])])
+        assert keys_of(tracker, "x") == ["a.csv", "b.csv"], code
+
+
+def test_a_store_at_a_key_replaces_that_key_and_a_conditional_one_adds() -> None:
+    tracker = run([("c1", "d = {}", [], []), ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "d['a'] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "x = d['a']", [], [])])
+    assert keys_of(tracker, "x") == ["b.csv"]
+    tracker.observe_cell("c5", "d['a'] = open('c.csv').read()", [read("c.csv", "c5")], [],
+                         conditional=True)
+    tracker.observe_cell("c6", "y = d['a']", [], [])
+    assert keys_of(tracker, "y") == ["b.csv", "c.csv"]
+
+
+def test_a_change_that_is_not_a_store_at_a_key_adds_to_every_key_of_a_dict() -> None:
+    tracker = run([("c1", "d = {}", [], []), ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "d['b'] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "d.update(extra)\nd.setdefault('z', open('c.csv').read())",
+                    ["c.csv"], []),
+                   ("c5", "x = d['a']", [], [])])
+    assert keys_of(tracker, "x") == ["a.csv", "c.csv"]
+    # a call given d reads it whole, and may move its values around
+    run([("c6", "fill(d, y)", [], []), ("c7", "z = d['a']", [], [])], tracker)
+    assert keys_of(tracker, "z") == ["a.csv", "b.csv", "c.csv"]
+
+
+def test_a_list_changed_otherwise_than_at_a_key_folds_its_keys_together() -> None:
+    """``l.insert(0, v)`` moves every index: what was at 1 is at 2 now."""
+    tracker = run([("c1", "l = [None, None]", [], []),
+                   ("c2", "l[0] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "l[1] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "x = l[1]", [], [])])
+    assert keys_of(tracker, "x") == ["b.csv"]
+    run([("c5", "l.insert(0, 'z')", [], []), ("c6", "y = l[1]", [], [])], tracker)
+    assert keys_of(tracker, "y") == ["a.csv", "b.csv"]
+
+
+def test_a_negative_index_store_into_what_may_be_a_list_changes_it_whole() -> None:
+    tracker = run([("c1", "l = load()", [], []),
+                   ("c2", "l[0] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "l[-1] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "x = l[0]", [], [])])
+    assert keys_of(tracker, "x") == ["a.csv", "b.csv"]
+
+
+def test_a_store_through_an_alias_reaches_the_other_name() -> None:
+    tracker = run([("c1", "d = {}", [], []), ("c2", "e = d", [], []),
+                   ("c3", "e['a'] = open('a.csv').read()", ["a.csv"], []),
+                   ("c4", "x = d['a']", [], [])])
+    assert keys_of(tracker, "x") == ["a.csv"]
+
+
+def test_a_name_bound_from_one_key_does_not_join_the_others() -> None:
+    tracker = run([("c1", "d = {}", [], []), ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "d['b'] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "keep = d['a']", [], []),
+                   ("c5", "out = keep.upper()", [], [])])
+    assert keys_of(tracker, "out") == ["a.csv"]
+
+
+def test_a_function_reading_a_container_reads_it_whole_even_beside_a_key_read() -> None:
+    tracker = run([("c1", "d = {}", [], []), ("c2", "d['a'] = open('a.csv').read()", ["a.csv"], []),
+                   ("c3", "d['b'] = open('b.csv').read()", ["b.csv"], []),
+                   ("c4", "def every():\n    return list(d.values())", [], []),
+                   ("c5", "x = (d['a'], every())", [], [])])
+    assert keys_of(tracker, "x") == ["a.csv", "b.csv"]
+
+
+# -- functions with state ----------------------------------------------------------
+
+
+def test_a_cached_call_that_reads_nothing_carries_the_read_that_filled_the_cache() -> None:
+    tracker = run([
+        ("c1", "import functools\n@functools.lru_cache\ndef load(p):\n    return open(p).read()",
+         [], []),
+        ("c2", "first = load('a.csv')", ["a.csv"], []),
+        ("c3", "again = load('a.csv')", [], []),
+    ])
+    assert keys_of(tracker, "again") == ["a.csv"]
+
+
+def test_a_call_filling_a_module_dict_reaches_later_calls() -> None:
+    tracker = run([
+        ("c1", ("_seen = {}\ndef remember(p):\n    if p not in _seen:\n"
+               "        _seen[p] = open(p).read()\n    return _seen[p]"), [], []),
+        ("c2", "warm = remember('a.csv')", ["a.csv"], []),
+        ("c3", "again = remember('a.csv')", [], []),
+    ])
+    assert keys_of(tracker, "again") == ["a.csv"]
+
+
+def test_a_closure_with_state_carries_what_its_calls_read() -> None:
+    tracker = run([
+        ("c1", ("def memoised():\n    memo = {}\n    def get(p):\n"
+               "        if p not in memo:\n            memo[p] = open(p).read()\n"
+               "        return memo[p]\n    return get"), [], []),
+        ("c2", "get = memoised()", [], []),
+        ("c3", "warm = get('a.csv')", ["a.csv"], []),
+        ("c4", "again = get('a.csv')", [], []),
+    ])
+    assert keys_of(tracker, "again") == ["a.csv"]
+
+
+def test_a_plain_function_called_twice_does_not_carry_the_first_calls_read() -> None:
+    tracker = run([
+        ("c1", "def load(p):\n    return open(p).read()", [], []),
+        ("c2", "first = load('a.csv')", ["a.csv"], []),
+        ("c3", "second = load('b.csv')", ["b.csv"], []),
+    ])
+    assert keys_of(tracker, "second") == ["b.csv"]

@@ -289,3 +289,180 @@ def test_an_imported_workspace_module_is_tied_to_its_import_statement() -> None:
     ])
     assert inputs(tracker, "o") == ["a.csv", "helpers.py"]
     assert taint(tracker, "helpers") == ["helpers.py"]
+
+
+# -- a read named only in a statement that binds nothing ---------------------------------
+
+
+def test_a_file_only_printed_stays_with_the_print() -> None:
+    for printed in ("print(open('notes.txt').read())", "logging.info(open(p).read())",
+                    "print(pd.read_csv(p).shape)", "pd.read_csv(p).head()",
+                    "print(json.load(open(p)))"):
+        tracker = run([
+            ("c1", (f"import logging\np = 'notes.txt'\ndf = pd.read_csv('a.csv')\n{printed}\n"
+                   "df.to_csv('o.csv')"), ["a.csv", "notes.txt"], ["o.csv"]),
+        ])
+        assert inputs(tracker, "o.csv") == ["a.csv"], printed
+
+
+def test_a_path_bound_in_an_earlier_cell_names_the_file_it_holds() -> None:
+    tracker = run([
+        ("c1", "notes = 'notes.txt'\nimport logging", [], []),
+        ("c2", "df = pd.read_csv('a.csv')\nlogging.info(open(notes).read())\ndf.to_csv('o.csv')",
+         ["a.csv", "notes.txt"], ["o.csv"]),
+    ])
+    assert inputs(tracker, "o.csv") == ["a.csv"]
+
+
+def test_a_path_rebound_in_between_is_forgotten() -> None:
+    tracker = run([
+        ("c1", "notes = 'notes.txt'", [], []),
+        ("c2", "notes = pick()", [], []),
+        ("c3", "df = pd.read_csv('a.csv')\nprint(open(notes).read())\ndf.to_csv('o.csv')",
+         ["a.csv", "notes.txt"], ["o.csv"]),
+    ])
+    assert inputs(tracker, "o.csv") == ["a.csv", "notes.txt"]
+
+
+def test_a_path_a_sink_names_without_reading_it_still_belongs_to_every_piece() -> None:
+    """``os.symlink`` and ``os.path.getsize`` name ``b.csv``; the read is through the link."""
+    for naming in ("os.symlink(os.path.abspath('b.csv'), ln)", "print(os.path.getsize('b.csv'))"):
+        tracker = run([
+            ("c1", (f"import os\nln = os.path.join(tmp, 'ln.csv')\n{naming}\n"
+                   "b = open(ln).read()\nopen('o.txt', 'w').write(b)"), ["b.csv"], ["o.txt"]),
+        ])
+        assert inputs(tracker, "o.txt") == ["b.csv"], naming
+
+
+# -- containers at known keys ------------------------------------------------------------
+
+
+STATIONS = ["stations/oslo.csv", "stations/bergen.csv", "stations/tromso.csv"]
+
+
+def test_a_dict_comprehension_over_literals_keeps_a_taint_per_key() -> None:
+    tracker = run([
+        ("c1", ("stations = {n: pd.read_csv(f'stations/{n}.csv') for n in "
+               "['oslo', 'bergen', 'tromso']}\nkeep = stations['oslo']"), STATIONS, []),
+        ("c2", "stations['bergen'].to_csv('b.csv')", [], ["b.csv"]),
+    ])
+    assert taint(tracker, "keep") == ["stations/oslo.csv"]
+    assert inputs(tracker, "b.csv") == ["stations/bergen.csv"]
+
+
+def test_the_decoy_read_into_a_dict_keyed_by_file_name_stays_out() -> None:
+    tracker = run([
+        ("c1", ("names = ['a', 'decoy']\nparts = {n: open(f'data/{n}.csv').read() for n in names}\n"
+               "keep = parts['a']"), ["data/a.csv", "data/decoy.csv"], []),
+        ("c2", "out = 'o' + '.txt'\nopen(out, 'w').write(keep)", [], ["o.txt"]),
+    ])
+    assert inputs(tracker, "o.txt") == ["data/a.csv"]
+
+
+def test_a_loop_over_names_of_an_earlier_cell_stores_one_key_per_file() -> None:
+    tracker = run([
+        ("c1", "names = ['oslo', 'bergen', 'tromso']", [], []),
+        ("c2", ("filled = {}\nfor name in names:\n"
+               "    filled[name] = pd.read_csv(f'stations/{name}.csv')"), STATIONS, []),
+        ("c3", ("two = {k: v for k, v in filled.items() if k in ('oslo', 'bergen')}\n"
+               "rest = {k: v for k, v in filled.items() if k != 'oslo'}"), [], []),
+    ])
+    assert taint(tracker, "two") == ["stations/bergen.csv", "stations/oslo.csv"]
+    assert taint(tracker, "rest") == ["stations/bergen.csv", "stations/tromso.csv"]
+
+
+def test_a_list_display_of_reads_keeps_a_taint_per_index() -> None:
+    tracker = run([
+        ("c1", "frames = [pd.read_csv('a.csv'), pd.read_csv('b.csv')]\nsecond = frames[1]",
+         ["a.csv", "b.csv"], []),
+    ])
+    assert taint(tracker, "second") == ["b.csv"]
+    tracker.observe_cell("c2", "frames.insert(0, pd.read_csv('c.csv'))",
+                         [Source("file:c.csv", "observed", "c2")], [])
+    tracker.observe_cell("c3", "last = frames[1]", [], [])
+    assert taint(tracker, "last") == ["a.csv", "b.csv", "c.csv"]  # a list's indices moved
+
+
+def test_writing_each_value_of_a_dict_out_in_a_loop_gives_each_file_its_own_source() -> None:
+    tracker = run([
+        ("c1", ("stations = {n: pd.read_csv(f'stations/{n}.csv') for n in "
+               "['oslo', 'bergen', 'tromso']}\nkeep = stations['oslo']"), STATIONS, []),
+        ("c2", ("for name in ['oslo', 'bergen', 'tromso']:\n"
+               "    stations[name].to_csv(f'out/{name}.csv')"), [],
+         ["out/oslo.csv", "out/bergen.csv", "out/tromso.csv"]),
+    ])
+    assert inputs(tracker, "out/bergen.csv") == ["stations/bergen.csv"]
+    assert inputs(tracker, "out/tromso.csv") == ["stations/tromso.csv"]
+    assert taint(tracker, "keep") == ["stations/oslo.csv"]
+
+
+def test_a_comprehension_with_a_condition_stores_conditionally() -> None:
+    tracker = run([
+        ("c1", "d = {'oslo': old()}", [], []),
+        ("c2", ("d = {n: pd.read_csv(f'stations/{n}.csv') for n in ['oslo', 'bergen'] if ok(n)}\n"
+               "x = d['oslo']"), STATIONS[:2], []),
+    ])
+    assert taint(tracker, "x") == ["stations/oslo.csv"]
+
+
+def test_a_build_that_reads_the_old_value_is_not_split() -> None:
+    tracker = run([
+        ("c1", "d = {'a': open('a.csv').read()}", ["a.csv"], []),
+        ("c2", "d = {'a': open('b.csv').read(), 'b': d['a']}\nx = d['a']", ["b.csv"], []),
+    ])
+    assert taint(tracker, "x") == ["a.csv", "b.csv"]
+
+
+def test_a_key_held_by_a_name_is_written_in_but_not_inside_a_comprehension() -> None:
+    tracker = run([
+        ("c1", "d = {n: open(f'{n}.csv').read() for n in ['a', 'b', 'c']}", 
+         ["a.csv", "b.csv", "c.csv"], []),
+        ("c2", "k = 'b'\nx = d[k]\ny = [d[k] for k in ks]", [], []),
+    ])
+    assert taint(tracker, "x") == ["b.csv"]
+    assert taint(tracker, "y") == ["a.csv", "b.csv", "c.csv"]
+
+
+def test_a_key_rebound_on_one_branch_is_not_known() -> None:
+    tracker = run([
+        ("c1", "d = {n: open(f'{n}.csv').read() for n in ['a', 'b']}", ["a.csv", "b.csv"], []),
+        ("c2", "k = 'a'\nif flip:\n    k = 'b'\nx = d[k]", [], []),
+    ])
+    assert taint(tracker, "x") == ["a.csv", "b.csv"]
+
+
+def test_a_handle_stored_in_a_dict_display_writes_what_is_written_through_it() -> None:
+    tracker = run([
+        ("c1", "handles = {'a': open('a.txt', 'w'), 'b': open('b.txt', 'w')}\n"
+               "x = open('in.csv').read()\nhandles['a'].write(x)\nhandles['b'].write('-')",
+         ["in.csv"], ["a.txt", "b.txt"]),
+    ])
+    assert inputs(tracker, "a.txt") == ["in.csv"]
+
+
+def test_a_name_a_function_rebinds_through_global_is_not_carried_as_a_key() -> None:
+    tracker = run([
+        ("c1", "k = 'a'\ndef pick():\n    global k\n    k = 'b'", [], []),
+        ("c2", "d = {n: open(f'{n}.csv').read() for n in ['a', 'b']}", ["a.csv", "b.csv"], []),
+        ("c3", "pick()", [], []),
+        ("c4", "x = d[k]", [], []),
+    ])
+    assert taint(tracker, "x") == ["a.csv", "b.csv"]
+
+
+def test_a_path_rebound_inside_a_branch_still_names_its_file_before_the_rebinding() -> None:
+    tracker = run([
+        ("c1", "p = 'a.csv'\nif cond:\n    df = pd.read_csv(p)\n    p = 'b.csv'\n"
+               "d = pd.read_csv('decoy.csv')\nopen('o.txt', 'w').write(str(df))",
+         ["a.csv", "decoy.csv"], ["o.txt"]),
+    ])
+    assert inputs(tracker, "o.txt") == ["a.csv"]
+
+
+def test_a_path_built_up_from_its_own_value_still_names_its_file() -> None:
+    tracker = run([
+        ("c1", "p = 'data/a'\np = p + '.csv'\nq = 'data/b'\nq += '.csv'\n"
+               "x = open(p).read()\ny = open(q).read()\nopen('o.txt', 'w').write(x)",
+         ["data/a.csv", "data/b.csv"], ["o.txt"]),
+    ])
+    assert inputs(tracker, "o.txt") == ["data/a.csv"]

@@ -41,6 +41,19 @@ rather than miss them:
   ``deleted`` never overlap.
 * ``from m import *`` binds names that cannot be known; they are not listed,
   and the pseudo-name ``knowledge.UNKNOWN_NAMES`` is marked mutated instead.
+* Containers at known keys (``host_kernel.lineage.keys``): ``key_uses``
+  maps a used name to the keys the cell reads it at when every load is at a
+  known key (``d['oslo']``, ``{k: v for k, v in d.items() if k in ('a',
+  'b')}``); ``key_store`` is ``(name, key, replaces)`` when the cell is one
+  store ``d['k'] = v`` or ``del d['k']`` (replaces), or one change of the
+  value there (``d['k'].append(v)``); ``dicts`` lists the names bound to a
+  fresh dict. A name loaded only as the receiver of a subscript store
+  (``d[x] = v``) or of a changing method (``rows.append(r)``) is mutated,
+  not used.
+* Functions with state (``effects.function_state``): ``FunctionNames.changes``
+  lists what a call of the function changes (itself when it is cached, the
+  module names its body changes), ``makes_state`` whether it builds closures
+  that keep state.
 * Calls' side effects (``host_kernel.lineage.effects``): drawing into a
   figure or the pyplot current figure (pseudo-name
   ``knowledge.CURRENT_FIGURE``, which may be defined, used, mutated or
@@ -69,9 +82,11 @@ import builtins
 import re
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .effects import call_effects
+from .effects import FunctionState, call_effects, function_state
+from .keys import KeyUse, key_facts
+from .knowledge import MUTATING_METHODS
 
 __all__ = ["BUILTIN_NAMES", "RUN_MODULE", "CellNames", "FunctionNames", "cell_names",
            "ipython_to_python"]
@@ -105,6 +120,10 @@ class FunctionNames:
     when_defined: frozenset[str] = frozenset()
     #: bound by ``class`` (its body runs at definition) rather than ``def``
     is_class: bool = False
+    #: module-level names a call changes (the function itself when it is cached)
+    changes: frozenset[str] = frozenset()
+    #: it returns closures that keep state between their calls
+    makes_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +145,14 @@ class CellNames:
     links: tuple[frozenset[str], ...] = ()
     #: (name, dotted object it is bound to, full dotted path imported), per import
     imports: tuple[tuple[str, str, str], ...] = ()
+    #: used names read only at known keys (see ``host_kernel.lineage.keys``)
+    key_uses: Mapping[str, KeyUse] = field(default_factory=dict)
+    #: (name, key, replaces) when the cell is one store (or change) at a known key
+    key_store: tuple[str, str, bool] | None = None
+    #: names bound to a fresh dict
+    dicts: frozenset[str] = frozenset()
+    #: (name, container, key) when the cell is ``name = container['k']``
+    part: tuple[str, str, str] | None = None
 
     def function(self, name: str) -> FunctionNames | None:
         """What function or class ``name`` reads, if the cell bound it by ``def``/``class``."""
@@ -260,6 +287,7 @@ def _analyse(tree: ast.Module, modules: Mapping[str, str]) -> CellNames:
     called: dict[str, set[str]] = {}
     at_definition: dict[str, set[str]] = {}
     classes: set[str] = set()
+    states: dict[str, FunctionState] = {}
 
     for stmt in tree.body:
         scope = _Scope("module")
@@ -278,6 +306,7 @@ def _analyse(tree: ast.Module, modules: Mapping[str, str]) -> CellNames:
             called.setdefault(name, set()).update(when_called)
             at_definition.setdefault(name, set()).update(when_defined)
         classes |= scope.classes
+        states.update(scope.def_state)
         for name in scope.stores | scope.global_stores:
             defined[name] = None
             deleted.discard(name)
@@ -292,9 +321,15 @@ def _analyse(tree: ast.Module, modules: Mapping[str, str]) -> CellNames:
         defined[name] = None
     deleted |= effects.deleted
     names = frozenset(defined)
+    keys = key_facts(tree)
+    used = frozenset(exposed - BUILTIN_NAMES - keys.store_only)
     return CellNames(
         defined=names,
-        used=frozenset(exposed - BUILTIN_NAMES),
+        used=used,
+        key_uses={n: k for n, k in keys.uses.items() if n in used},
+        key_store=keys.store,
+        dicts=keys.dicts & names,
+        part=keys.part,
         deleted=frozenset(deleted),
         mutated=frozenset(mutated),
         links=effects.links,
@@ -306,6 +341,8 @@ def _analyse(tree: ast.Module, modules: Mapping[str, str]) -> CellNames:
                 when_called=frozenset(called.get(n, ())),
                 when_defined=frozenset(at_definition.get(n, ())),
                 is_class=n in classes,
+                changes=states.get(n, FunctionState()).changes,
+                makes_state=states.get(n, FunctionState()).makes_state,
             )
             for n in sorted(names)
             if kinds.get(n) == {"def"}
@@ -397,6 +434,7 @@ class _Scope(ast.NodeVisitor):
         self.kinds: dict[str, set[str]] = {}
         # module only: def/class name -> (read when called, read when defined)
         self.def_free: dict[str, tuple[set[str], set[str]]] = {}
+        self.def_state: dict[str, FunctionState] = {}
         self.classes: set[str] = set()
 
     # -- binding ------------------------------------------------------------
@@ -504,8 +542,14 @@ class _Scope(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _note_mutated(self, expr: ast.expr) -> None:
-        while isinstance(expr, (ast.Attribute, ast.Subscript)):
-            expr = expr.value
+        while True:
+            if isinstance(expr, (ast.Attribute, ast.Subscript)):
+                expr = expr.value
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                    and expr.func.attr in MUTATING_METHODS:
+                expr = expr.func.value  # ``d.setdefault(k, []).append(v)`` changes d
+            else:
+                break
         if isinstance(expr, ast.Name):
             self.mutated.add(expr.id)
 
@@ -527,6 +571,7 @@ class _Scope(ast.NodeVisitor):
         self._bind(node.name, "def")
         if self.kind == "module":
             self._note_definition(node.name, free, outer_names)
+            self.def_state[node.name] = function_state(node, free, global_stores)
 
     def _note_definition(self, name: str, when_called: set[str], when_defined: set[str]) -> None:
         called, defined = self.def_free.setdefault(name, (set(), set()))

@@ -32,18 +32,30 @@ The rules, each an over-approximation where it is unsure:
 * ``from m import *`` binds names that cannot be listed: it mutates the
   pseudo-name :data:`~host_kernel.lineage.knowledge.UNKNOWN_NAMES`, which the
   flow tracker consults for names it has never seen bound.
+* **Functions with state** (:func:`function_state`, read from a ``def`` when
+  it is defined, applied by the flow tracker when a later piece uses the
+  function): a call of a function decorated with a cache decorator
+  (``functools.lru_cache``, ``functools.cache``, see ``knowledge``) changes
+  the function itself, since it keeps what the call read; a call of a
+  function whose body changes a module-level name (``_memo[key] = value``,
+  ``seen.add(x)``, ``results.append(df)``, a ``global`` assignment) changes
+  that name. A function whose body builds a closure that changes a name of
+  the enclosing call (``memo = {}`` then ``def get(k): memo[k] = ...``)
+  makes values with state: what a piece binds from it is changed by its own
+  later calls.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from . import knowledge as kb
 from .knowledge import CURRENT_FIGURE, UNKNOWN_NAMES
+from .paths import bound_names
 
-__all__ = ["CallEffects", "call_effects"]
+__all__ = ["CallEffects", "FunctionState", "call_effects", "function_state"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,68 @@ def call_effects(tree: ast.Module, modules: Mapping[str, str]) -> CallEffects:
     for stmt in tree.body:
         visitor.visit(stmt)
     return visitor.result()
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionState:
+    """What calling a function defined by the cell changes (see the module docstring)."""
+
+    #: module-level names a call may change (the function itself when it is cached)
+    changes: frozenset[str] = frozenset()
+    #: the function returns closures that keep state between their calls
+    makes_state: bool = False
+
+
+def function_state(node: ast.FunctionDef | ast.AsyncFunctionDef, free: set[str],
+                   global_stores: set[str]) -> FunctionState:
+    """The state a ``def`` keeps: ``free`` are its body's free names, ``global_stores``
+    the module names it binds through ``global``."""
+    cached = any(_called_name(d) in kb.CACHE_DECORATORS for d in node.decorator_list)
+    changes = (_changed_roots(node.body) & free) | global_stores
+    if cached:
+        changes.add(node.name)
+    params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                              node.args.vararg, node.args.kwarg) if a is not None}
+    own = params.union(*(bound_names(stmt) for stmt in node.body))
+    makes_state = False
+    for inner in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            body = inner.body if isinstance(inner.body, list) else [inner.body]
+            if _changed_roots(body) & own or any(
+                    isinstance(n, ast.Nonlocal) for stmt in body for n in ast.walk(stmt)):
+                makes_state = True
+                break
+    return FunctionState(frozenset(changes), makes_state)
+
+
+def _called_name(expr: ast.expr) -> str | None:
+    """``lru_cache`` for ``functools.lru_cache``, ``lru_cache(maxsize=None)``, ``cache``."""
+    if isinstance(expr, ast.Call):
+        expr = expr.func
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _changed_roots(body: Sequence[ast.AST]) -> set[str]:
+    """Names whose objects statements change: stores through a subscript or attribute,
+    mutating methods anywhere, any method called as a statement."""
+    found: set[str] = set()
+    for stmt in body:
+        for node in ast.walk(stmt):
+            root: str | None = None
+            if isinstance(node, (ast.Subscript, ast.Attribute)) \
+                    and not isinstance(node.ctx, ast.Load):
+                root = _root(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in kb.MUTATING_METHODS:
+                root = _root(node.func.value)
+            elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                    and isinstance(node.value.func, ast.Attribute):
+                root = _root(node.value.func.value)
+            if root is not None:
+                found.add(root)
+    return found
 
 
 def _root(expr: ast.expr) -> str | None:

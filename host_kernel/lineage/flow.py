@@ -47,6 +47,23 @@ The model, and its documented approximations:
   union of their inputs. ``conditional=True`` says the piece may not run, or
   may run many times (a loop body): the names it binds keep their old taint
   and gain the new, like a mutation.
+* **Containers at known keys.** A name's taint is a *base* (what flows into
+  every part of its value) and, per known key, the taint of the value at
+  that key (keys are literals, ``defuse``'s ``key_uses``/``key_store``). A
+  piece ``d['k'] = v`` replaces the taint at ``'k'`` (a conditional piece
+  adds to it) and leaves the base; ``statements`` feeds ``d = {'a': x, 'b':
+  y}``, a dict or list comprehension over literals and an unrolled loop
+  filling ``d[name]`` as such stores. A read ``d['k']`` gets the base and the
+  taint at ``'k'``, or the whole taint when ``'k'`` is not a known key; a
+  read that excludes keys (``k != 'a'``) gets every other known key; any
+  other use, and a key that cannot be known, read it whole. A change of the
+  value that is not a store at a key adds to the base of a dict (bound to
+  ``{}``, a display, a comprehension or ``dict()``), and folds the keys into
+  the base of anything else (a list's indices may shift). A store at a key of
+  a linked name gives the other members what was stored (they may be
+  aliases), except a member bound to what is at another key (``keep =
+  d['a']``, ``defuse``'s ``part``), which a store at ``'b'`` does not reach.
+  The rules themselves are in ``host_kernel.lineage.taint``.
 * **Functions and classes** (bound by ``def``/``class``) get, at definition,
   the taint of what their definition reads (decorators, defaults, base
   classes, class bodies; for a class also the cell's direct reads, since a
@@ -56,6 +73,16 @@ The model, and its documented approximations:
   defined before its data is loaded still carries the data, and rebinding
   the data between definition and call is honoured. A lambda assigned to a
   name is an ordinary value: its free names are resolved at definition.
+* **Functions with state.** A piece that uses a function whose calls change
+  something (``defuse``'s ``FunctionNames.changes``: one cached by
+  ``functools.lru_cache``/``functools.cache`` changes itself, one whose body
+  fills a module-level dict or binds a ``global`` changes that name) changes
+  those names: they gain the piece's incoming set, so a later call served
+  from the cache, which reads nothing, still carries what the filling call
+  read (and every later call of a cached function carries what every
+  earlier one read). A name bound by a piece that uses a function building
+  closures with state (``makes_state``: ``get = memoised()``) is changed by
+  its own uses.
 * **Files.** A file written by a cell gets, as inputs, the cell's direct reads
   (kept as they were reported) and the taint of the names the cell used
   (marked ``def-use``, with ``via_cell`` the cell that read them). Inputs are
@@ -74,6 +101,9 @@ The model, and its documented approximations:
 * A decoy file opened by an earlier cell reaches a written file only through
   a name the writing cell uses (or through a function it calls); a path that
   appears only in a string never appears, since only real reads are sources.
+* **Paths between cells.** :attr:`FlowTracker.path_state` holds what names
+  held as paths and literals when the last cell ended; ``statements`` reads
+  and replaces it. A new generation forgets it with the names.
 * Bounds: each name's taint and each file's inputs keep at most
   ``max_sources`` sources (1,000 by default), first found first kept; the
   ones cut are reported by :meth:`FlowTracker.is_truncated`.
@@ -84,105 +114,36 @@ the same bytes is one input, and with different bytes two.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from .defuse import BUILTIN_NAMES, CellNames, cell_names
+from .keys import KeyUse
 from .knowledge import KERNEL_NAMES, UNKNOWN_NAMES, module_files_match
+from .paths import PathState
+from .taint import DEF_USE, METHODS, OBSERVED, RECEIPT, TRACED, Source, Taint, file_key
+from .taint import Collector as _Collector
 
 __all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "TRACED", "FlowTracker", "Source",
            "file_key"]
 
-#: Read by the cell itself, as the Host's OS-level tracer saw (host_kernel/sandbox/trace.py).
-TRACED = "traced"
-#: Read by the cell itself, as the kernel's audit hook reported (untraced sessions).
-OBSERVED = "observed"
-DEF_USE = "def-use"
-RECEIPT = "receipt"
-#: how an input was found
-METHODS = frozenset({TRACED, OBSERVED, DEF_USE, RECEIPT})
-
 _DEFAULT_MAX_SOURCES = 1_000
 
-_Identity = tuple[str, str | None]
-
 
 @dataclass(frozen=True, slots=True)
-class Source:
-    """One candidate input: a file, an artifact or a receipt, and how it was found."""
-
-    key: str  # "file:<relpath>", "artifact:<uuid>" or "receipt:<id>"
-    method: str  # "traced" | "observed" | "def-use" | "receipt"
-    via_cell: str  # the cell where it was read or produced
-    sha256: str | None = None  # hash at read time, when known
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(
-                f"unknown source method {self.method!r}; expected one of {sorted(METHODS)}"
-            )
-        if not self.key:
-            raise ValueError("a source needs a key")
-
-    @property
-    def identity(self) -> _Identity:
-        return (self.key, self.sha256)
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "key": self.key,
-            "method": self.method,
-            "via_cell": self.via_cell,
-            "sha256": self.sha256,
-        }
-
-
-def file_key(relpath: str) -> str:
-    """The source key of a workspace file."""
-    return f"file:{relpath}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Taint:
-    """What flowed into one name's current value."""
-
-    sources: tuple[Source, ...] = ()
-    truncated: bool = False
-    # free names a function body reads, resolved when the function is used
-    late: frozenset[str] = frozenset()
+class _Resolved:
+    sources: tuple[Source, ...]
+    truncated: bool
+    #: names the resolved values' uses change (functions with state)
+    changes: frozenset[str] = frozenset()
+    #: one of them builds closures with state
+    makes_state: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class _FileInputs:
     sources: tuple[Source, ...]
     truncated: bool
-
-
-class _Collector:
-    """An ordered, bounded union of sources, first found first kept."""
-
-    __slots__ = ("_limit", "_sources", "truncated")
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._sources: dict[_Identity, Source] = {}
-        self.truncated = False
-
-    def add(self, source: Source) -> None:
-        identity = source.identity
-        if identity in self._sources:
-            return
-        if len(self._sources) >= self._limit:
-            self.truncated = True
-            return
-        self._sources[identity] = source
-
-    def extend(self, sources: Iterable[Source]) -> None:
-        for source in sources:
-            self.add(source)
-
-    def result(self) -> tuple[Source, ...]:
-        return tuple(self._sources.values())
 
 
 class FlowTracker:
@@ -192,7 +153,7 @@ class FlowTracker:
         if max_sources < 1:
             raise ValueError(f"max_sources must be at least 1, got {max_sources}")
         self._max = max_sources
-        self._names: dict[str, _Taint] = {}
+        self._names: dict[str, Taint] = {}
         self._modules: set[str] = set()
         self._files: dict[str, _FileInputs] = {}
         # receipt writes noted since the last observed cell, merged into it
@@ -204,9 +165,13 @@ class FlowTracker:
         self._module_sources: dict[str, tuple[Source, ...]] = {}
         # linked name -> the names that refer to the same object
         self._groups: dict[str, frozenset[str]] = {}
+        # linked name -> (container, key) when it was bound to what is at that key
+        self._part_of: dict[str, tuple[str, str]] = {}
         # which run of a cell last wrote each file (see ``continues``)
         self._run = 0
         self._written_in: dict[str, int] = {}
+        #: what names held as paths and literals when the last cell ended (``statements``)
+        self.path_state = PathState()
 
     # -- the Host's calls -------------------------------------------------------
 
@@ -242,7 +207,8 @@ class FlowTracker:
         used = set(names.used)
         # a builtin name matters only if an earlier cell shadowed it
         used.update(n for n in names.builtins_used if n in self._names)
-        flowing, flowing_truncated = self._resolve(used)
+        resolved = self._resolve_all(used, names.key_uses)
+        flowing, flowing_truncated = resolved.sources, resolved.truncated
 
         written = dict.fromkeys(files_written)
         self._write_files(cell_id, written, direct, flowing, flowing_truncated)
@@ -262,7 +228,11 @@ class FlowTracker:
             if relpath not in written:
                 self._files.pop(relpath, None)
 
-        self._update_names(names, direct, flowing, flowing_truncated, conditional)
+        self._update_names(names, direct, resolved, conditional)
+
+    def module_names(self) -> frozenset[str]:
+        """Names bound to modules now (a call on one changes no data)."""
+        return frozenset(self._modules)
 
     def note_receipt_write(
         self,
@@ -303,6 +273,8 @@ class FlowTracker:
         self._pending.clear()
         self._aliases.clear()
         self._groups.clear()
+        self._part_of.clear()
+        self.path_state = PathState()
 
     def fork(self) -> FlowTracker:
         """An independent copy, for asking "what if this cell ended now" (cheap:
@@ -316,8 +288,10 @@ class FlowTracker:
         twin._aliases = dict(self._aliases)
         twin._module_sources = dict(self._module_sources)
         twin._groups = dict(self._groups)
+        twin._part_of = dict(self._part_of)
         twin._run = self._run
         twin._written_in = dict(self._written_in)
+        twin.path_state = self.path_state
         return twin
 
     def __deepcopy__(self, memo: dict[int, object]) -> FlowTracker:
@@ -351,15 +325,25 @@ class FlowTracker:
 
     def _resolve(self, names: Iterable[str]) -> tuple[tuple[Source, ...], bool]:
         """The union of the names' taints, following functions' free names now."""
+        resolved = self._resolve_all(names)
+        return resolved.sources, resolved.truncated
+
+    def _resolve_all(self, names: Iterable[str],
+                     key_uses: Mapping[str, KeyUse] | None = None) -> _Resolved:
+        """As :meth:`_resolve`, reading the names in ``key_uses`` at those keys only, and
+        saying what the uses change."""
         collector = _Collector(self._max)
-        truncated = False
-        seen: set[str] = set()
-        stack = sorted(set(names), reverse=True)
+        truncated = makes_state = False
+        changes: set[str] = set()
+        seen: set[str] = set()  # resolved whole
+        # (name, the keys it is read at: only the names asked for are read at keys)
+        stack = [(n, (key_uses or {}).get(n)) for n in sorted(set(names), reverse=True)]
         while stack:
-            name = stack.pop()
+            name, use = stack.pop()
             if name in seen:
                 continue
-            seen.add(name)
+            if use is None:
+                seen.add(name)
             taint = self._names.get(name)
             if taint is None and name.isidentifier() and not name.startswith("_") \
                     and name not in KERNEL_NAMES:
@@ -367,14 +351,17 @@ class FlowTracker:
                 taint = self._names.get(UNKNOWN_NAMES)
             if taint is None:
                 continue
-            collector.extend(taint.sources)
+            collector.extend(taint.view(use))
             truncated = truncated or taint.truncated
-            stack.extend(sorted(taint.late - seen, reverse=True))
+            changes |= taint.changes
+            makes_state = makes_state or taint.makes_state
+            stack.extend((n, None) for n in sorted(taint.late - seen, reverse=True))
         ordered = sorted(
             collector.result(),
             key=lambda s: (self._cell_order.get(s.via_cell, -1), s.key, s.sha256 or ""),
         )
-        return tuple(ordered), truncated or collector.truncated
+        return _Resolved(tuple(ordered), truncated or collector.truncated,
+                         frozenset(changes), makes_state)
 
     def _write_files(
         self,
@@ -453,33 +440,46 @@ class FlowTracker:
         self,
         names: CellNames,
         direct: _Collector,
-        flowing: tuple[Source, ...],
-        flowing_truncated: bool,
+        resolved: _Resolved,
         conditional: bool = False,
     ) -> None:
         incoming = _Collector(self._max)
         incoming.extend(direct.result())
-        incoming.extend(flowing)
-        value = _Taint(
+        incoming.extend(resolved.sources)
+        value = Taint(
             sources=incoming.result(),
-            truncated=direct.truncated or flowing_truncated or incoming.truncated,
+            truncated=direct.truncated or resolved.truncated or incoming.truncated,
         )
         functions = {f.name: f for f in names.functions}
         modules = self._module_taints(names, direct.result())
-        updates: dict[str, _Taint] = {}
+        updates: dict[str, Taint] = {}
+        # what the piece changes, and what the functions it uses change when called
+        mutated = set(names.mutated) | (resolved.changes - names.defined)
+        at_key: set[str] = set()
 
-        for name in names.mutated - names.defined:
+        for name in mutated - names.defined:
             if name in self._modules or (name in BUILTIN_NAMES and name not in self._names):
                 continue
-            updates[name] = self._merged(self._names.get(name, _Taint()), value)
+            old = self._names.get(name, Taint())
+            store = names.key_store
+            # one store at a known key replaces (or adds to) that key's value only
+            stored = old.stored(store[1], value, self._max,
+                                replaces=store[2] and not conditional) \
+                if store is not None and store[0] == name else None
+            if stored is not None and name in self._groups:
+                # its aliases and parts get what was put in, not its other keys
+                at_key.add(name)
+            updates[name] = stored or self._merged(old, value, change=True)
 
         for name in names.defined:
             if name in names.imported:
-                updates[name] = modules.get(name, _Taint())
+                updates[name] = modules.get(name, Taint())
                 continue
             function = functions.get(name)
             if function is None:
-                updates[name] = value
+                updates[name] = replace(value, is_dict=name in names.dicts,
+                                        changes=frozenset({name}) if resolved.makes_state
+                                        else frozenset())
                 continue
             # the definition runs now: what it reads is resolved now; the body
             # runs when called: its free names are resolved then
@@ -488,17 +488,19 @@ class FlowTracker:
             if function.is_class:
                 at_definition.extend(direct.result())
             at_definition.extend(defined_sources)
-            updates[name] = _Taint(
+            updates[name] = Taint(
                 sources=at_definition.result(),
                 truncated=defined_truncated or at_definition.truncated,
                 late=function.when_called - {name},
+                changes=function.changes,
+                makes_state=function.makes_state,
             )
         if conditional:
             # the piece may not run: what the names held before may still be there
             for name in names.defined:
-                old = self._names.get(name)
-                if old is not None:
-                    updates[name] = self._merged(old, updates[name])
+                before = self._names.get(name)
+                if before is not None:
+                    updates[name] = self._merged(before, updates[name])
 
         for name in names.deleted:
             self._names.pop(name, None)
@@ -514,23 +516,22 @@ class FlowTracker:
         for name, bound, _ in names.imports:
             if name in names.imported:
                 self._aliases[name] = bound
-        self._link(names, conditional)
+        self._link(names, conditional, mutated - at_key)
+        for name in at_key:
+            key = names.key_store[1] if names.key_store else ""
+            for member in self._groups.get(name, frozenset()) - {name}:
+                whole, at = self._part_of.get(member, ("", key))
+                if member in self._names and (whole != name or at == key):
+                    self._names[member] = self._merged(self._names[member], value, change=True)
 
-    def _merged(self, old: _Taint, new: _Taint) -> _Taint:
-        merged = _Collector(self._max)
-        merged.extend(old.sources)
-        merged.extend(new.sources)
-        return _Taint(
-            sources=merged.result(),
-            truncated=old.truncated or new.truncated or merged.truncated,
-            late=old.late | new.late,
-        )
+    def _merged(self, old: Taint, new: Taint, *, change: bool = False) -> Taint:
+        return old.merged(new, self._max, change=change)
 
     def _module_taints(self, names: CellNames,
-                       direct: tuple[Source, ...]) -> dict[str, _Taint]:
+                       direct: tuple[Source, ...]) -> dict[str, Taint]:
         """Taint of each imported name: the reads of workspace files holding its module."""
         files = [(s.key.removeprefix("file:"), s) for s in direct if s.key.startswith("file:")]
-        taints: dict[str, _Taint] = {}
+        taints: dict[str, Taint] = {}
         for name, _, full in names.imports:
             parts = full.split(".")
             collector = _Collector(self._max)
@@ -541,8 +542,8 @@ class FlowTracker:
                     self._module_sources[dotted] = found
                 collector.extend(self._module_sources.get(dotted, ()))
             if collector.result():
-                previous = taints.get(name, _Taint())
-                taints[name] = self._merged(previous, _Taint(collector.result(),
+                previous = taints.get(name, Taint())
+                taints[name] = self._merged(previous, Taint(collector.result(),
                                                              collector.truncated))
         return taints
 
@@ -557,11 +558,15 @@ class FlowTracker:
             else:
                 self._groups.pop(member, None)
 
-    def _link(self, names: CellNames, conditional: bool) -> None:
+    def _link(self, names: CellNames, conditional: bool, mutated: set[str]) -> None:
         """Keep linked names in groups and share taint within a touched group."""
         rebound = set(names.deleted) if conditional else set(names.defined) | names.deleted
         for name in rebound:
             self._leave_group(name)
+        self._part_of = {part: of for part, of in self._part_of.items()
+                         if not {part, of[0]} & rebound}
+        if names.part is not None and not conditional:
+            self._part_of[names.part[0]] = names.part[1:]
         for link in names.links:
             members = set(link) - names.deleted
             for member in list(members):
@@ -572,14 +577,17 @@ class FlowTracker:
             group = frozenset(members)
             for member in group:
                 self._groups[member] = group
-        touched = {self._groups[n] for n in names.mutated | names.defined if n in self._groups}
+        touched = {self._groups[n] for n in mutated | names.defined if n in self._groups}
         for group in touched:
             present = [m for m in sorted(group) if m in self._names]
-            mutated = any(m in names.mutated for m in group)
-            joined = [m for m in present if mutated or m not in names.defined]
-            shared = _Taint()
+            changed = any(m in mutated for m in group)
+            joined = [m for m in present if changed or m not in names.defined]
+            shared = _Collector(self._max)
             for member in joined:
-                shared = self._merged(shared, replace(self._names[member], late=frozenset()))
+                # a member bound by the cell joins what it read of the others
+                use = None if changed else names.key_uses.get(member)
+                shared.extend(self._names[member].view(use))
+            taint = Taint(shared.result(), shared.truncated)
             for member in present:
-                if mutated or member in names.defined:
-                    self._names[member] = self._merged(self._names[member], shared)
+                if changed or member in names.defined:
+                    self._names[member] = self._merged(self._names[member], taint, change=True)

@@ -31,6 +31,18 @@ Figures (matplotlib's documented API):
   imported as (``import matplotlib.pyplot as plt``), or by the conventional
   aliases (``plt``, ``sns``, ``np``, ``pd`` ...) when the import is not known.
 
+Functions with state: a function decorated with one of
+:data:`CACHE_DECORATORS` (``functools.lru_cache``, ``functools.cache`` ...)
+keeps its results, so a later call may return what an earlier call read
+without reading anything. Methods in :data:`MUTATING_METHODS` (``append``,
+``setdefault``, ``update`` ...) change their receiver wherever they stand.
+
+Reading calls: :func:`reads_named_path` says whether a call given a path
+reads the file's bytes (``open``, ``pd.read_csv``, ``np.load``,
+``Path.read_text`` ...: :data:`READ_CALLS` and names starting ``read``/``load``)
+or only names the path (:data:`PATH_ONLY_CALLS`: ``os.symlink``,
+``os.path.exists``, ``os.remove`` ...).
+
 Pure callables (:func:`is_pure`): builtins in :data:`PURE_BUILTINS`, every
 function of the modules in :data:`PURE_MODULES` except those listed in
 :data:`IMPURE_FUNCTIONS` (``random.shuffle``, ``np.copyto`` ...). A call to
@@ -42,11 +54,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
-    "CURRENT_FIGURE", "DRAW_METHODS", "IMPURE_FUNCTIONS", "KERNEL_NAMES",
-    "PANDAS_PLOT_METHODS", "PART_METHODS", "PURE_BUILTINS", "PURE_MODULES",
-    "PYPLOT_CLEAR", "PYPLOT_NEUTRAL", "PYPLOT_NEW", "PYPLOT_PART", "PYPLOT_SAVE",
-    "SEABORN_FIGURE_LEVEL", "SEABORN_NEUTRAL", "UNKNOWN", "UNKNOWN_NAMES", "is_pure",
-    "library_of", "module_files_match",
+    "CACHE_DECORATORS", "CURRENT_FIGURE", "DRAW_METHODS", "IMPURE_FUNCTIONS", "KERNEL_NAMES",
+    "MUTATING_METHODS", "PANDAS_PLOT_METHODS", "PART_METHODS", "PATH_ONLY_CALLS",
+    "PURE_BUILTINS", "PURE_MODULES", "PYPLOT_CLEAR", "PYPLOT_NEUTRAL", "PYPLOT_NEW",
+    "PYPLOT_PART", "PYPLOT_SAVE", "READ_CALLS", "SEABORN_FIGURE_LEVEL", "SEABORN_NEUTRAL",
+    "UNKNOWN", "UNKNOWN_NAMES", "is_pure", "library_of", "module_files_match",
+    "reads_named_path",
 ]
 
 #: The pseudo-name of pyplot's implicit current figure.
@@ -127,7 +140,7 @@ PURE_MODULES = frozenset({
     "pandas", "pd", "scipy", "scipy.stats", "decimal", "fractions", "datetime", "time",
     "hashlib", "base64", "copy", "shlex", "csv", "pprint", "os", "shutil", "collections",
     "numpy.linalg", "numpy.random", "yaml", "pickle", "math.fsum", "struct", "sklearn",
-    "torch", "polars", "pl",
+    "torch", "polars", "pl", "logging", "warnings",
 })
 #: functions of PURE_MODULES that do mutate an argument (or write through a handle)
 IMPURE_FUNCTIONS = frozenset({
@@ -138,6 +151,39 @@ IMPURE_FUNCTIONS = frozenset({
     "numpy.savetxt", "numpy.savez", "operator.setitem", "operator.delitem", "operator.iadd",
     "collections.deque", "os.write", "shutil.copyfileobj", "torch.save",
 })
+
+
+#: decorators that keep a function's results between calls
+CACHE_DECORATORS = frozenset({"cache", "lru_cache", "cached", "memoize", "memoized",
+                              "cache_data", "cache_resource"})
+#: methods that change their receiver (a dict, list, set or deque)
+MUTATING_METHODS = frozenset({
+    "append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "clear",
+    "remove", "discard", "appendleft", "extendleft", "put", "put_nowait", "__setitem__",
+})
+#: calls that open a path and read its bytes (beside names starting with read/load)
+READ_CALLS = frozenset({
+    "open", "imread", "genfromtxt", "fromfile", "memmap", "File", "connect", "loadmat",
+    "ParquetFile", "parquet_file", "dataset", "open_dataset", "open_mfdataset", "Dataset",
+    "ExcelFile", "HDFStore", "ZipFile", "TarFile", "urlopen",
+})
+#: calls given a path that do not read its bytes
+PATH_ONLY_CALLS = frozenset({
+    "symlink", "link", "exists", "isfile", "isdir", "islink", "lexists", "getsize",
+    "getmtime", "getctime", "getatime", "stat", "lstat", "remove", "unlink", "rmdir",
+    "removedirs", "mkdir", "makedirs", "chmod", "chown", "utime", "access", "touch",
+    "samefile", "relpath", "commonpath", "is_file", "is_dir", "is_symlink", "rename",
+    "replace", "print", "repr", "str", "len", "format", "abspath", "basename", "dirname",
+    "split", "splitext", "join", "normpath", "realpath", "fspath", "Path", "PurePath",
+    "info", "debug", "warning", "error", "critical", "log", "write", "display",
+})
+
+
+def reads_named_path(name: str) -> bool:
+    """Whether a call named ``name`` (``open``, ``read_csv``) reads the file a path names."""
+    if name in PATH_ONLY_CALLS:
+        return False
+    return name in READ_CALLS or name.startswith(("read", "load"))
 
 
 def library_of(name: str, modules: Mapping[str, str]) -> str | None:

@@ -24,6 +24,15 @@ A part that cannot be known is written ``knowledge.UNKNOWN`` (one value,
 unknown); ``*`` stays for what really stands for many files (a glob, a
 folder's listing). A value with no known character at all is unknown
 (``None``): it would match every path.
+
+Besides patterns, the environment keeps exact **constants**: a name bound,
+by a statement that certainly runs (not inside a branch or loop body), to a
+string or integer literal (``city = 'oslo'``, the target of an unrolled
+loop) and **elements**: a name bound that way to a short list or tuple of
+such literals (``names = ['oslo', 'bergen']``). ``statements`` unrolls loops
+and comprehensions over them and writes them into subscript keys, where
+``host_kernel.lineage.keys`` reads them. :class:`PathState` carries what a
+cell left known to the next cell (held by the flow tracker between cells).
 """
 
 from __future__ import annotations
@@ -32,12 +41,19 @@ import ast
 import itertools
 import os
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from .knowledge import UNKNOWN
 
-__all__ = ["PathEnv"]
+__all__ = ["MAX_ELEMENTS", "Constant", "PathEnv", "PathState", "bound_names", "literal"]
 
 _MAX_VALUES = 64
+#: a list or tuple of at most this many literals is kept as exact elements
+MAX_ELEMENTS = 8
+
+#: an exact literal a name may hold (``bool`` excluded: ``True == 1`` as a key)
+Constant = str | int
 _PERCENT = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[a-zA-Z%]")
 _BRACES = re.compile(r"\{[^{}]*\}")
 _JOINERS = frozenset({"join", "Path", "PurePath", "PosixPath", "joinpath"})
@@ -47,6 +63,8 @@ _IDENTITY = frozenset({"str", "fspath", "abspath", "normpath", "realpath", "expa
 
 Values = frozenset[str]
 _UNKNOWN = frozenset({UNKNOWN})
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try,
+             ast.TryStar, ast.Match)
 
 
 def _known(values: set[str]) -> Values | None:
@@ -83,22 +101,134 @@ def _concat(parts: list[Values]) -> Values:
                      itertools.islice(itertools.product(*parts), _MAX_VALUES + 1))
 
 
+def literal(expr: ast.expr) -> Constant | None:
+    """The value of a string or integer literal (not a bool), else ``None``."""
+    negative = isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub)
+    if isinstance(expr, ast.UnaryOp) and negative:
+        expr = expr.operand
+    if not isinstance(expr, ast.Constant):
+        return None
+    value = expr.value
+    if isinstance(value, str) and not negative:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -value if negative else value
+    return None
+
+
+def bound_names(stmt: ast.stmt) -> set[str]:
+    """Names a statement binds or deletes in its own scope (not inside nested scopes)."""
+    found: set[str] = set()
+    stack: list[ast.AST] = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+            if node is not stmt:
+                continue
+            stack.extend(node.decorator_list)
+            continue
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp)):
+            # only walrus targets leak out of a comprehension
+            found |= {n.target.id for n in ast.walk(node) if isinstance(n, ast.NamedExpr)}
+            continue
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            found.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {(a.asname or a.name).partition(".")[0] for a in node.names}
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            found.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            found.add(node.rest)
+        elif isinstance(node, ast.NamedExpr):
+            found.add(node.target.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class PathState:
+    """What names held when a cell ended: patterns, exact constants and elements."""
+
+    values: Mapping[str, Values] = field(default_factory=dict)
+    constants: Mapping[str, Constant] = field(default_factory=dict)
+    elements: Mapping[str, tuple[Constant, ...]] = field(default_factory=dict)
+    #: names a function's calls may rebind or change (``global``): never carried
+    volatile: frozenset[str] = frozenset()
+
+    def without(self, names: Iterable[str]) -> PathState:
+        gone = set(names) | self.volatile
+        if not gone & (set(self.values) | set(self.constants) | set(self.elements)):
+            return self
+        return PathState({k: v for k, v in self.values.items() if k not in gone},
+                         {k: v for k, v in self.constants.items() if k not in gone},
+                         {k: v for k, v in self.elements.items() if k not in gone},
+                         self.volatile)
+
+
 class PathEnv:
     """The path values of names bound so far in a cell, and evaluation against them."""
 
-    def __init__(self) -> None:
-        self.values: dict[str, Values] = {}
+    def __init__(self, start: PathState | None = None) -> None:
+        self.values: dict[str, Values] = dict(start.values) if start else {}
+        self.constants: dict[str, Constant] = dict(start.constants) if start else {}
+        self.elements: dict[str, tuple[Constant, ...]] = dict(start.elements) if start else {}
+        #: names bound by this cell's statements so far
+        self.assigned: set[str] = set()
+
+    def state(self, volatile: frozenset[str] = frozenset()) -> PathState:
+        return PathState(dict(self.values), dict(self.constants), dict(self.elements),
+                         volatile).without(())
 
     # -- binding ----------------------------------------------------------------
 
-    def assign(self, stmt: ast.stmt) -> None:
-        """Update the bindings for one simple statement (compound ones: their header)."""
+    def constant(self, expr: ast.expr) -> Constant | None:
+        """The exact literal an expression is, or a name holds (see the module docstring)."""
+        if isinstance(expr, ast.Name):
+            return self.constants.get(expr.id)
+        return literal(expr)
+
+    def elements_of(self, expr: ast.expr) -> tuple[Constant, ...] | None:
+        """The exact elements of a short display of literals, or of a name holding one."""
+        if isinstance(expr, ast.Name):
+            return self.elements.get(expr.id)
+        if not isinstance(expr, (ast.List, ast.Tuple)) or not 0 < len(expr.elts) <= MAX_ELEMENTS:
+            return None
+        found = [literal(e) for e in expr.elts]
+        if any(v is None for v in found):
+            return None
+        return tuple(v for v in found if v is not None)
+
+    def assign(self, stmt: ast.stmt, *, certain: bool = False) -> None:
+        """Update the bindings for one simple statement (compound ones: their header).
+
+        ``certain``: the statement runs whenever the cell does (exact constants and
+        elements are kept only then)."""
+        compound = isinstance(stmt, _COMPOUND)
+        # targets that ``bind`` rebinds below, after the value is evaluated
+        simple: set[str] = set()
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            simple = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        for name in (bound_names(stmt) if not isinstance(
+                stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else {stmt.name}
+                ) - simple:
+            if not compound:  # a body rebinds as it is visited
+                self.values.pop(name, None)
+            self.constants.pop(name, None)
+            self.elements.pop(name, None)
+            self.assigned.add(name)
         if isinstance(stmt, ast.Assign):
             value = self.value(stmt.value)
             for target in stmt.targets:
                 self.bind(target, value)
+                if certain and isinstance(target, ast.Name):
+                    self._exact(target.id, stmt.value)
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             self.bind(stmt.target, self.value(stmt.value))
+            if certain and isinstance(stmt.target, ast.Name):
+                self._exact(stmt.target.id, stmt.value)
         elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
             old = self.values.get(stmt.target.id)
             new = self.value(stmt.value)
@@ -114,6 +244,14 @@ class PathEnv:
             for item in stmt.items:
                 if item.optional_vars is not None:
                     self.bind(item.optional_vars, None)
+
+    def _exact(self, name: str, expr: ast.expr) -> None:
+        constant = self.constant(expr)
+        if constant is not None:
+            self.constants[name] = constant
+        elements = self.elements_of(expr)
+        if elements is not None:
+            self.elements[name] = elements
 
     def bind_loop(self, target: ast.expr, iterable: ast.expr) -> None:
         """A ``for`` target gets the elements of what it iterates."""
@@ -131,6 +269,9 @@ class PathEnv:
 
     def bind(self, target: ast.expr, value: Values | None) -> None:
         if isinstance(target, ast.Name):
+            self.assigned.add(target.id)
+            self.constants.pop(target.id, None)
+            self.elements.pop(target.id, None)
             if value is None:
                 self.values.pop(target.id, None)
             else:
@@ -227,13 +368,14 @@ class PathEnv:
 
     def _comprehension(self, expr: ast.ListComp | ast.GeneratorExp | ast.SetComp
                        ) -> Values | None:
-        saved = dict(self.values)
+        saved = (dict(self.values), dict(self.constants), dict(self.elements),
+                 set(self.assigned))
         try:
             for generator in expr.generators:
                 self.bind_loop(generator.target, generator.iter)
             return self._value(expr.elt)
         finally:
-            self.values = saved
+            self.values, self.constants, self.elements, self.assigned = saved
 
     def _call(self, call: ast.Call) -> Values | None:
         func = call.func

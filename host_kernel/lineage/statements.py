@@ -17,18 +17,37 @@ The rules:
   also uses the names the header reads (the loop's control), and the body is
   fed several times so that values carried from one iteration to the next
   are followed. Nested loops are cut the same way. A ``for`` over a short
-  display of constants (``for name in ['a', 'b']:``) is unrolled instead:
-  each iteration's pieces see the target's own value, so
-  ``f'out/{name}.txt'`` names one file per iteration, and they rebind as
-  usual (they are conditional only if the body can ``break``,
-  ``continue``, ``return`` or ``raise``).
+  display of constants (``for name in ['a', 'b']:``), or over a name bound
+  to one (``names = ['a', 'b']``, in this cell or an earlier one, and not
+  touched by the body), is unrolled instead: each iteration's pieces see the
+  target's own value, so ``f'out/{name}.txt'`` names one file per iteration
+  and ``d[name] = ...`` stores at one key, and they rebind as usual (they are
+  conditional only if the body can ``break``, ``continue``, ``return`` or
+  ``raise``).
+* **Containers by key** (``host_kernel.lineage.keys``; the tracker keeps a
+  taint per key, see ``flow``). ``d = {'a': x, 'b': y}``, ``l = [x, y]``
+  and a dict or list comprehension with one generator over such literals
+  (``{n: pd.read_csv(f'{n}.csv') for n in names}``; a list comprehension
+  without a condition) are fed as a piece binding a fresh container (what
+  the generator and its conditions read) and one store per key with the
+  variable's value written in (``d['a'] = pd.read_csv(f"{'a'}.csv")``),
+  conditional when the comprehension has a condition; a display of literals
+  alone, or one that reads the name it binds, is fed as it is. A name
+  known to hold a literal (bound to it at the top level of this cell or an
+  earlier one, or an unrolled loop's target) is written into the subscript
+  keys of a piece (``d[name]`` becomes ``d['oslo']``), outside nested
+  scopes and unless the piece rebinds it.
 * **Which piece read a path.** Each piece names path *patterns*: the
   arguments and receivers of its calls, evaluated statically with the
   bindings made earlier in the cell (``host_kernel.lineage.paths``:
   literals, f-strings, ``os.path.join``, ``Path(d) / 'x.csv'``, a variable
   holding a path, ``glob`` patterns, the target of a ``for`` over a glob).
+  What names hold is carried from cell to cell (``paths.PathState``, kept
+  by the tracker): forgotten when a cell rebinds a name otherwise, deletes
+  or changes it (a literal stays), or when a function the session defined
+  may rebind it (``global``).
   A pattern with a part that cannot be known (``f'data/{run}.csv'`` with
-  ``run`` from another cell) names one file: in a piece that runs once it
+  ``run`` unknown) names one file: in a piece that runs once it
   leaves out the files another piece names exactly, unless it would then
   match nothing (a glob keeps them all).
   A read belongs to the pieces whose patterns match it, to the import
@@ -36,12 +55,21 @@ The rules:
   and to the statements of a ``%run`` script when it is the script itself.
   A read that matches a pattern inside a function body belongs to the
   definition and every piece after it (the function may be called there). A
-  read no piece names, or named only by pieces that bind, change and write
-  nothing (``os.symlink(os.path.abspath('a.csv'), ln)`` names a path it
-  never reads), belongs to every piece.
+  read no piece names belongs to every piece. A piece that binds, changes
+  and writes nothing carries nothing on: a read it names by giving the path
+  to a call that reads it (``open``, ``pd.read_csv``, names starting with
+  ``read``/``load``: ``knowledge.reads_named_path``) or to a call whose
+  result is used (``print(describe(p))``), exactly or as the one file the
+  pattern matches, stays with it (``print(open(p).read())``,
+  ``logging.info(...)`` beside the real computation); a read such a piece
+  only names (``os.symlink(os.path.abspath('a.csv'), ln)``,
+  ``print(os.path.getsize(p))``: ``knowledge.PATH_ONLY_CALLS``) and no
+  other piece names belongs to every piece, since its bytes went somewhere
+  the patterns cannot see.
 * **Which piece wrote a path.** The pieces whose patterns match it, then
   every later piece that uses a name bound or mutated by one of them
-  (``fh = open('o', 'w')`` then ``fh.write(data)``). A file written by
+  (``fh = open('o', 'w')`` then ``fh.write(data)``; after a store at a key,
+  ``h['o'] = open('o', 'w')``, the container). A file written by
   several pieces gets the union of their inputs (``continues``). A written
   path no piece names is given to every piece, which amounts to the whole
   cell's reads for that file.
@@ -66,13 +94,22 @@ import fnmatch
 import functools
 import re
 import shlex
-from collections.abc import Callable, Iterable, Sequence, Set
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
 
 from .defuse import RUN_MODULE, CellNames, cell_names, ipython_to_python
 from .flow import FlowTracker, Source
-from .knowledge import PURE_MODULES, UNKNOWN, module_files_match
-from .paths import PathEnv
+from .keys import split_build, with_constant_keys
+from .knowledge import (
+    PATH_ONLY_CALLS,
+    PURE_MODULES,
+    UNKNOWN,
+    UNKNOWN_NAMES,
+    module_files_match,
+    reads_named_path,
+)
+from .paths import Constant, PathEnv, PathState
 
 __all__ = ["observe"]
 
@@ -100,6 +137,8 @@ class _Piece:
     modules: set[str] = field(default_factory=set)
     script: str | None = None
     conditional: bool = False
+    #: patterns given to calls that read them (``open(p)``) or whose result is used
+    reading: set[str] = field(default_factory=set)
 
 
 def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
@@ -114,14 +153,15 @@ def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[s
     relative to the kernel's working directory) or ``None``; without it
     ``%run`` binds unknown names (see the module docstring).
     """
-    pieces, whole = _pieces(code, source_of)
+    pieces, whole, env = _pieces(code, source_of, tracker.path_state)
+    tracker.path_state = _carried(whole, env, tracker.path_state)
     if pieces is None or len(pieces) < 2 or len(pieces) * len(sources) > _MAX_WORK:
         tracker.observe_cell(cell_id, whole, [s for _, s in sources], writes,
                              renames=renames, removes=removes)
         return
     read_paths = list(dict.fromkeys(p for p, _ in sources))
     writes_of = _writes_of(pieces, writes)
-    reads_of = _reads_of(pieces, read_paths, _sinks(pieces, writes_of))
+    reads_of = _reads_of(pieces, read_paths, _sinks(pieces, writes_of, tracker.module_names()))
     last = len(pieces) - 1
     for i, piece in enumerate(pieces):
         tracker.observe_cell(
@@ -129,6 +169,23 @@ def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[s
             [w for w in writes if i in writes_of[w]],
             renames=renames if i == last else (), removes=removes if i == last else (),
             continues=i > 0, conditional=piece.conditional)
+
+
+def _carried(whole: str, env: PathEnv | None, before: PathState) -> PathState:
+    """What names hold as paths and literals after the cell, for the next cell: what the
+    cell bound that way; what it rebound otherwise, changed or deleted is forgotten."""
+    names = cell_names(whole)
+    if names.parse_error or UNKNOWN_NAMES in names.mutated:
+        return PathState()  # names rebound that cannot be listed
+    # what the functions it defines change when called later
+    volatile = before.volatile.union(*(f.changes for f in names.functions))
+    if env is None:
+        return replace(before, volatile=volatile).without(
+            names.defined | names.deleted | names.mutated)
+    state = env.state(volatile).without((names.defined - env.assigned) | names.deleted)
+    # a change reaches no literal (str, int), only a list of paths
+    lists = state.without(names.mutated)
+    return PathState(lists.values, state.constants, lists.elements, volatile)
 
 
 # -- attribution ------------------------------------------------------------------
@@ -192,19 +249,22 @@ def _deferred(pieces: Sequence[_Piece], match: _Matcher) -> dict[str, int]:
     return first
 
 
-def _sinks(pieces: Sequence[_Piece], writes_of: dict[str, set[int]]) -> set[int]:
+def _sinks(pieces: Sequence[_Piece], writes_of: dict[str, set[int]],
+           imported: AbstractSet[str] = frozenset()) -> set[int]:
     """Pieces that can carry nothing on: they bind, change and write nothing
-    (``os.symlink(os.path.abspath('a.csv'), ln)`` names a path it never reads)."""
+    (``print(open(p).read())``, ``os.symlink(os.path.abspath('a.csv'), ln)``);
+    ``imported``: names earlier cells bound to modules."""
     writing = set().union(*writes_of.values()) if writes_of else set()
     analysed = [cell_names(piece.code) for piece in pieces]
     # A call on a module (``os.symlink(...)``) is not a change of anything that holds data.
-    modules = set(PURE_MODULES).union(*({i[0] for i in names.imports} for names in analysed))
+    modules = set(PURE_MODULES).union(imported, *({i[0] for i in names.imports}
+                                                  for names in analysed))
     return {i for i, names in enumerate(analysed)
             if i not in writing and not names.defined and names.mutated <= modules}
 
 
 def _reads_of(pieces: Sequence[_Piece], read_paths: list[str],
-              sinks: Set[int] = frozenset()) -> list[set[str]]:
+              sinks: AbstractSet[int] = frozenset()) -> list[set[str]]:
     match = _Matcher(read_paths)
     exact: dict[str, set[int]] = {}
     for i, piece in enumerate(pieces):
@@ -228,9 +288,15 @@ def _reads_of(pieces: Sequence[_Piece], read_paths: list[str],
     for path, start in _deferred(pieces, match).items():
         for i in range(start, len(pieces)):
             reads_of[i].add(path)
-    # A read no piece names, or named only by pieces that carry nothing on, belongs to
-    # every piece: its bytes went somewhere the patterns cannot see.
+    # A read no piece names, or named only by pieces that carry nothing on without reading
+    # it, belongs to every piece: its bytes went somewhere the patterns cannot see. One a
+    # piece that carries nothing on reads itself (``print(open(p).read())``) stays there.
     owned = set().union(*(reads for i, reads in enumerate(reads_of) if i not in sinks))
+    for i in sinks:
+        for pattern in pieces[i].reading:
+            claimed = match(pattern)
+            if _plain(pattern) or len(claimed) == 1:
+                owned |= claimed
     for path in match.paths:
         if path not in owned:
             for reads in reads_of:
@@ -261,6 +327,8 @@ def _writes_of(pieces: Sequence[_Piece], writes: list[str]) -> dict[str, set[int
             if i in owners or names.used & carried or names.mutated & carried:
                 owners.add(i)
                 carried |= names.defined
+                if names.key_store is not None and names.key_store[2]:
+                    carried.add(names.key_store[0])  # ``d['a'] = open('a.txt', 'w')``
         out[path] = owners
     return out
 
@@ -268,16 +336,18 @@ def _writes_of(pieces: Sequence[_Piece], writes: list[str]) -> dict[str, set[int
 # -- cutting the cell -------------------------------------------------------------
 
 
-def _pieces(code: str, source_of: SourceOf | None) -> tuple[list[_Piece] | None, str]:
-    """The pieces of a cell, or ``None`` with the code to feed whole."""
+def _pieces(code: str, source_of: SourceOf | None, start: PathState
+            ) -> tuple[list[_Piece] | None, str, PathEnv | None]:
+    """The pieces of a cell, or ``None`` with the code to feed whole; and what names hold
+    after it (``start``: what they held before)."""
     marked = _mark_runs(code)
     python = ipython_to_python(marked)
     if python is None:
-        return None, code
+        return None, code, None
     try:
         tree = ast.parse(python)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None, code
+        return None, code, None
     units: list[tuple[ast.stmt, str, str | None]] = []
     inlined = False
     for node in tree.body:
@@ -297,15 +367,15 @@ def _pieces(code: str, source_of: SourceOf | None) -> tuple[list[_Piece] | None,
     whole = ast.unparse(ast.Module(body=[u for u, _, _ in units], type_ignores=[])) \
         if inlined else code
     for passes in (_MAX_PASSES, 1, 0):
-        cutter = _Cutter(passes)
+        cutter = _Cutter(passes, start)
         try:
             for node, text, script in units:
                 cutter.top(node, text, script)
         except RecursionError:
-            return None, whole
+            return None, whole, None
         if len(cutter.pieces) <= _MAX_PIECES:
-            return cutter.pieces, whole
-    return None, whole
+            return cutter.pieces, whole, cutter.env
+    return None, whole, cutter.env
 
 
 def _mark_runs(code: str) -> str:
@@ -357,16 +427,29 @@ def _script_body(path: str, source_of: SourceOf | None) -> tuple[str, list[ast.s
 class _Cutter:
     """Walks the statements in order, with the path bindings made so far."""
 
-    def __init__(self, passes: int) -> None:
+    def __init__(self, passes: int, start: PathState | None = None) -> None:
         self.passes = passes
-        self.env = PathEnv()
+        self.env = PathEnv(start)
         self.pieces: list[_Piece] = []
+        # the call whose result the statement being visited discards
+        self._discarded: ast.AST | None = None
 
     def top(self, node: ast.stmt, text: str, script: str | None) -> None:
         if self.passes and isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             self.pieces.extend(self._loop(node, text, script, "", False))
             return
-        self.pieces.append(self._piece(node, _segment(text, node, top=True), script))
+        split = split_build(node, self.env.elements_of) if self.passes else None
+        if split is not None:
+            # a container built from literals' values: a fresh one, then a store per key
+            bound, stores, conditional = split
+            self.pieces.append(self._piece(bound, ast.unparse(bound), script, certain=True))
+            for store in stores:
+                piece = self._piece(store, ast.unparse(store), script)
+                piece.conditional = conditional
+                self.pieces.append(piece)
+            return
+        self.pieces.append(self._piece(node, _segment(text, node, top=True), script,
+                                       certain=True))
 
     def _loop(self, node: ast.For | ast.AsyncFor | ast.While, text: str,
               script: str | None, control: str, conditional: bool) -> list[_Piece]:
@@ -380,9 +463,9 @@ class _Cutter:
             reads = node.iter
         ast.copy_location(header, node)
         ast.fix_missing_locations(header)
+        values = self._constant_elements(node)
         head = self._piece(header, control + ast.unparse(header), script)
         head.conditional = conditional
-        values = _constant_elements(node)
         if values is not None and not conditional and not isinstance(node, ast.While):
             return [head, *self._unrolled(node, values, text, script, control)]
         loaded = sorted({n.id for n in ast.walk(reads)
@@ -393,49 +476,77 @@ class _Cutter:
             if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
                 body.extend(self._loop(stmt, text, script, inner, True))
             else:
-                piece = self._piece(stmt, inner + _segment(text, stmt, top=False), script)
+                piece = self._piece(stmt, _segment(text, stmt, top=False), script, prefix=inner)
                 piece.conditional = True
                 body.append(piece)
         after: list[_Piece] = []
         for stmt in node.orelse:
-            piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+            piece = self._piece(stmt, _segment(text, stmt, top=False), script, prefix=control)
             piece.conditional = True
             after.append(piece)
         return [head, *body * max(1, min(self.passes, len(body))), *after]
 
-    def _unrolled(self, node: ast.For | ast.AsyncFor, values: list[str], text: str,
+    def _constant_elements(self, node: ast.For | ast.AsyncFor | ast.While
+                           ) -> tuple[Constant, ...] | None:
+        """The literals a ``for`` goes over: a short display of them, or a name bound to
+        one (that the body does not touch)."""
+        if isinstance(node, ast.While) or not isinstance(node.target, ast.Name):
+            return None
+        iterable = node.iter
+        if isinstance(iterable, ast.Name) and any(
+                isinstance(n, ast.Name) and n.id == iterable.id
+                for stmt in node.body for n in ast.walk(stmt)):
+            return None
+        return self.env.elements_of(iterable)
+
+    def _unrolled(self, node: ast.For | ast.AsyncFor, values: Sequence[Constant], text: str,
                   script: str | None, control: str) -> list[_Piece]:
         """A loop over a short list of constants, one iteration after the other, each
-        with the target's own value (so ``f'out/{name}.txt'`` names one file each)."""
+        with the target's own value (so ``f'out/{name}.txt'`` names one file each, and
+        ``d[name] = ...`` stores at one key)."""
         # a body that may stop early does not certainly rebind what it binds
         stops = any(isinstance(n, (ast.Break, ast.Continue, ast.Return, ast.Raise))
                     for stmt in node.body for n in ast.walk(stmt))
         pieces: list[_Piece] = []
+        target = node.target
         for value in values:
-            self.env.bind(node.target, frozenset({value}))
+            self.env.bind(target, frozenset({str(value)}))
+            if isinstance(target, ast.Name):
+                self.env.constants[target.id] = value
             for stmt in node.body:
                 if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
                     pieces.extend(self._loop(stmt, text, script, control, True))
                     continue
-                piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+                piece = self._piece(stmt, _segment(text, stmt, top=False), script,
+                                    prefix=control, certain=not stops)
                 piece.conditional = stops
                 pieces.append(piece)
+        if stops and isinstance(target, ast.Name):
+            self.env.constants.pop(target.id, None)
         for stmt in node.orelse:
-            piece = self._piece(stmt, control + _segment(text, stmt, top=False), script)
+            piece = self._piece(stmt, _segment(text, stmt, top=False), script, prefix=control)
             piece.conditional = True
             pieces.append(piece)
         return pieces
 
-    def _piece(self, node: ast.stmt, code: str, script: str | None) -> _Piece:
-        piece = _Piece(code=code, script=script)
-        self._visit(node, piece)
+    def _piece(self, node: ast.stmt, code: str, script: str | None, *, prefix: str = "",
+               certain: bool = False) -> _Piece:
+        """``certain``: the statement runs whenever the cell does."""
+        keyed = with_constant_keys(node, self.env.constants)
+        if keyed is not node:
+            node, code = keyed, ast.unparse(keyed)
+        piece = _Piece(code=prefix + code, script=script)
+        self._visit(node, piece, certain)
         return piece
 
-    def _visit(self, node: ast.stmt, piece: _Piece) -> None:
+    def _visit(self, node: ast.stmt, piece: _Piece, certain: bool = False) -> None:
         """Collect a statement's patterns in execution order, binding as it goes."""
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self._collect(node, piece, deferred=False)
+            self.env.assign(node, certain=certain)
             return
+        value = node.value if isinstance(node, ast.Expr) else None
+        self._discarded = value.value if isinstance(value, ast.Await) else value
         bodies: list[ast.stmt] = []
         for _, value in ast.iter_fields(node):
             items = value if isinstance(value, list) else [value]
@@ -451,7 +562,8 @@ class _Cutter:
                     bodies.extend(item.body)
                 elif isinstance(item, ast.AST):
                     self._collect(item, piece, deferred=False)
-        self.env.assign(node)
+        self._discarded = None
+        self.env.assign(node, certain=certain)
         for stmt in bodies:
             self._visit(stmt, piece)
 
@@ -479,9 +591,13 @@ class _Cutter:
                 piece.modules.add(child.module)
                 piece.modules.update(f"{child.module}.{a.name}" for a in child.names)
             if isinstance(child, ast.Call):
-                self._call_patterns(child, piece.deferred if deferred else piece.patterns)
+                if deferred:
+                    self._call_patterns(child, piece.deferred)
+                else:
+                    self._call_patterns(child, piece.patterns, piece.reading)
 
-    def _call_patterns(self, call: ast.Call, into: set[str]) -> None:
+    def _call_patterns(self, call: ast.Call, into: set[str],
+                       reading: set[str] | None = None) -> None:
         func = call.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         if name in _NOT_IO:
@@ -495,18 +611,14 @@ class _Cutter:
                     found = self.env.value(expr)
                     if found:
                         into.update(found)
-
-
-def _constant_elements(node: ast.For | ast.AsyncFor | ast.While) -> list[str] | None:
-    """The values of a ``for`` over a short display of string or integer constants."""
-    if isinstance(node, ast.While) or not isinstance(node.target, ast.Name) \
-            or not isinstance(node.iter, (ast.List, ast.Tuple)):
-        return None
-    elts = node.iter.elts
-    if not 0 < len(elts) <= _MAX_UNROLLED or not all(
-            isinstance(e, ast.Constant) and type(e.value) in (str, int) for e in elts):
-        return None
-    return [str(e.value) for e in elts if isinstance(e, ast.Constant)]
+        if reading is None or not isinstance(name, str) or self.env.value(call) is not None:
+            return  # a call that makes a path (``os.path.join``) reads nothing
+        # what a call given a path reads: the file, when the call is known to read it, or
+        # when its result is used and it is not known to only name the path
+        if reads_named_path(name) or (call is not self._discarded
+                                      and name not in PATH_ONLY_CALLS):
+            for target in targets:
+                reading.update(self.env.value(target) or ())
 
 
 @functools.lru_cache(maxsize=8)
