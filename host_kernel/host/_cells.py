@@ -24,6 +24,7 @@ from ..lineage.flow import TRACED
 from ..sandbox.client import SandboxError
 from ._bash import Redactor, kill_group
 from ._generations import Generations
+from ._keep import Copied, InputKeeper, KeptInputs
 from ._kernel import KernelGeneration
 from ._lineage import CellIO, SessionLineage
 from ._outputs import CellRun, Outputs, execution_count
@@ -94,6 +95,9 @@ class CellRunner:
         #: Refused calls, recorded once per cause; the counts are recorded as each cell
         #: ends (host/_server.py, RefusalLog).
         self.refusals = RefusalLog(record.append)
+        #: The bytes of the session's inputs, kept in the record's blob store (host/_keep.py).
+        self.keeper = InputKeeper(lineage.workspace, lineage.hash_cache,
+                                  generations.options.input_budget, lambda: record.blobs)
 
     def command_started(self, cell_id: str, proc: subprocess.Popen[bytes],
                         recorded: threading.Event) -> None:
@@ -301,7 +305,12 @@ class CellRunner:
     def cell_lineage(self, running: RunningCell, access: Any) -> dict[str, Any]:
         """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in
         the cell's window, or, untraced, what the kernel's audit hook reported (``access``).
-        Returns what the cell's record adds: ``traced`` and any ``lineage_error``."""
+        Returns what the cell's record adds: ``traced``, ``inputs_kept`` and any
+        ``lineage_error``.
+
+        The bytes of the cell's reads are kept before lineage hashes them: the copy leaves
+        each file's hash in the cache lineage reads, so a kept file is read and hashed once.
+        """
         body: dict[str, Any] = {}
         traced: TracedAccess | None = None
         if self.generations.trace is not None:
@@ -310,6 +319,16 @@ class CellRunner:
                                               since_wall_ns=running.start_wall_ns)
             except SandboxError as exc:  # the generation ended (the kernel died)
                 body["lineage_error"] = f"trace: {exc}"
+        copied: list[Copied] = []
+        own: KeptInputs | None = None
+        if traced is not None or self.generations.trace is None:  # what lineage is fed
+            seen = traced.access() if traced is not None else access
+            reads = seen.get("reads") if isinstance(seen, dict) else None
+            try:
+                copied = self.keeper.copy([*(reads if isinstance(reads, list) else ()),
+                                           *running.io.reads])
+            except Exception as exc:  # noqa: BLE001 - keeping inputs never blocks a cell's record
+                own = KeptInputs(errors=[f"{type(exc).__name__}: {exc}"])
         try:
             if traced is not None:
                 body["traced"] = traced.to_record()
@@ -319,6 +338,14 @@ class CellRunner:
                 self.lineage.cell_finished(running.cell_id, running.code, access, running.io)
         except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
             body["lineage_error"] = f"{type(exc).__name__}: {exc}"
+        if copied:
+            try:
+                own = self.keeper.report(copied)
+            except Exception as exc:  # noqa: BLE001 - keeping inputs never blocks a cell's record
+                own = KeptInputs(errors=[f"{type(exc).__name__}: {exc}"])
+        kept = self.keeper.cell_finished(running.cell_id, own)
+        if kept is not None:
+            body["inputs_kept"] = kept
         return body
 
     def settle_commands(self, cell_id: str) -> str | None:

@@ -23,6 +23,7 @@ from ..reproduce import Limits
 from ..reproduce.runner import DEFAULT_MEMORY
 from ..sandbox.limits import KernelLimits
 from ..store.pg import is_postgres_url
+from ._keep import DEFAULT_INPUT_BUDGET
 from ._pool import HostPool
 from ._render import DEFAULT_TEXT_LIMIT
 
@@ -128,6 +129,11 @@ class HostOptions:
     #: Open files of each process of a generation; None: 65536 (at most the system's hard
     #: limit when the Host may not raise it).
     open_files: int | None = None
+    #: Bytes of input files the session keeps in the record's blob store (each distinct
+    #: content once), so the record alone can re-derive what was made from them; past it,
+    #: inputs are kept by hash only, and each cell's record says which (docs/record.md,
+    #: "Inputs kept"). 0 keeps none.
+    input_budget: int = DEFAULT_INPUT_BUDGET
     #: Derived in __post_init__: every environment variable name kept from the kernel.
     hidden_env: frozenset[str] = field(default=frozenset(), init=False, repr=False)
 
@@ -159,6 +165,10 @@ class HostOptions:
                                       or value < least):
                 raise BadArguments(f"{name} must be a number of {what} of at least {least}, "
                                    f"or None for the machine's default")
+        budget = self.input_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise BadArguments("input_budget must be a number of bytes of at least 0 (0 keeps "
+                               "no input file's bytes)")
         if not isinstance(self.trace, bool):
             raise BadArguments("trace must be True or False")
         if self.pool is not None and not isinstance(self.pool, HostPool):
