@@ -1,9 +1,12 @@
 """Task modes: naming them, arming them explicitly, and detecting them from prose.
 
 This module owns the three task modes, the vocabulary that detects the two
-non-default ones from a request's text, and the rule that turns matches into a
-:class:`TaskMode`. It does not own what a mode *does*: the prompt fragments
-live in :mod:`host_kernel.prompts` and the checks in the Host's verifier.
+non-default ones from a request's text, the rule that turns matches into a
+:class:`TaskMode`, and which code declarations each armed mode requires or
+accepts (:data:`DECLARATIONS`), with the shape of the optional
+``regenerates`` declaration (:func:`parse_regenerates`). It does not own what
+a mode *does*: the prompt fragments live in :mod:`host_kernel.prompts` and the
+checks (what a declaration must be backed by) in the Host's verifier.
 
 Two ways to get a mode:
 
@@ -29,12 +32,19 @@ from types import MappingProxyType
 from typing import Final
 
 __all__ = [
+    "CODE_DECLARATIONS",
+    "DECLARATIONS",
     "DEFAULT_MODE",
+    "MAX_REGENERATES",
     "MODES",
     "VOCABULARY",
+    "DeclarationError",
+    "ModeDeclarations",
+    "Regenerate",
     "TaskMode",
     "UnknownModeError",
     "normalise_mode_name",
+    "parse_regenerates",
     "resolve_task_mode",
 ]
 
@@ -276,3 +286,105 @@ def resolve_task_mode(text: str | None, explicit: str | None = None) -> TaskMode
             if signals:
                 return TaskMode(mode, armed=False, signals=signals)
     return TaskMode(DEFAULT_MODE, armed=False)
+
+
+# -- what an armed mode declares
+
+
+@dataclass(frozen=True, slots=True)
+class ModeDeclarations:
+    """The code declarations of one mode: those it requires (when armed) and those it
+    accepts besides. Any other declaration given to ``submit_output`` is ignored by the
+    mode, except an optional one of another mode, which is refused as misplaced."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+
+#: The four declarations both code modes require.
+CODE_DECLARATIONS: Final[tuple[str, ...]] = ("source_files", "entry_points",
+                                             "architecture_summary", "test_evidence")
+
+DECLARATIONS: Final[Mapping[str, ModeDeclarations]] = MappingProxyType({
+    "analysis_run": ModeDeclarations(),
+    # regenerates: commands the Host re-runs on the declared files, which must write the
+    # claimed artifacts' exact bytes (docs/verification.md, "Regenerated artifacts").
+    "reusable_pipeline": ModeDeclarations(CODE_DECLARATIONS, ("regenerates",)),
+    "codebase_change": ModeDeclarations(CODE_DECLARATIONS, ("intended_changes",)),
+})
+
+#: Bounds of the regenerates declaration.
+MAX_REGENERATES: Final[int] = 20
+MAX_REGENERATE_ARTIFACTS: Final[int] = 100
+MAX_REGENERATE_COMMAND: Final[int] = 4096
+
+
+class DeclarationError(ValueError):
+    """A declaration that is not the shape its mode takes; the message says how to fix it."""
+
+    def __init__(self, declaration: str, message: str) -> None:
+        super().__init__(message)
+        self.declaration = declaration
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Regenerate:
+    """One ``regenerates`` entry: a command, and the artifacts it must write exactly."""
+
+    command: str
+    #: Artifact ids (UUIDs) of the session, in the order declared, without repeats.
+    artifacts: tuple[str, ...]
+
+
+_REGENERATES_SHAPE = ("regenerates must be a list of at most {n} {{'command': 'python -m "
+                      "MODULE ARGS…' or 'python SCRIPT.py ARGS…', 'artifacts': [<artifact "
+                      "id>, …]}} objects")
+
+
+def parse_regenerates(value: object) -> tuple[Regenerate, ...]:
+    """The ``regenerates`` declaration as :class:`Regenerate` entries.
+
+    It must be a non-empty list of at most :data:`MAX_REGENERATES` dicts, each with a
+    non-empty ``command`` string (at most :data:`MAX_REGENERATE_COMMAND` characters)
+    and a non-empty list of at most :data:`MAX_REGENERATE_ARTIFACTS` non-empty artifact
+    id strings. Raises :class:`DeclarationError` naming the first entry that is not.
+    Whether the ids are the session's, and whether the commands write their bytes, is
+    the verifier's to judge.
+    """
+    shape = _REGENERATES_SHAPE.format(n=MAX_REGENERATES)
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if value == [] else f"a {type(value).__name__}"
+        raise DeclarationError("regenerates", f"{shape}; got {got}")
+    if len(value) > MAX_REGENERATES:
+        raise DeclarationError("regenerates", f"{shape}; got {len(value)} entries")
+    entries: list[Regenerate] = []
+    for i, item in enumerate(value):
+        where = f"regenerates[{i}]"
+        if not isinstance(item, dict):
+            raise DeclarationError("regenerates", f"{where} is a {type(item).__name__}; {shape}")
+        unknown = sorted(str(k) for k in item if k not in ("command", "artifacts"))
+        if unknown:
+            raise DeclarationError("regenerates", f"{where} has unknown keys "
+                                                  f"{', '.join(unknown[:5])}; {shape}")
+        command, artifacts = item.get("command"), item.get("artifacts")
+        if not isinstance(command, str) or not command.strip():
+            raise DeclarationError("regenerates", f"{where}: 'command' must be a non-empty "
+                                                  f"string (the command that writes the "
+                                                  f"artifacts)")
+        if len(command) > MAX_REGENERATE_COMMAND or "\x00" in command:
+            raise DeclarationError("regenerates", f"{where}: 'command' is over "
+                                                  f"{MAX_REGENERATE_COMMAND} characters or "
+                                                  f"holds a NUL")
+        if not isinstance(artifacts, list) or not artifacts or \
+                len(artifacts) > MAX_REGENERATE_ARTIFACTS:
+            raise DeclarationError("regenerates", f"{where}: 'artifacts' must be a list of 1 "
+                                                  f"to {MAX_REGENERATE_ARTIFACTS} artifact "
+                                                  f"ids (from host.artifacts() or "
+                                                  f"host.save_artifact(...).artifact_id)")
+        if not all(isinstance(a, str) and a.strip() for a in artifacts):
+            raise DeclarationError("regenerates", f"{where}: each of 'artifacts' must be an "
+                                                  f"artifact id string")
+        ids = tuple(dict.fromkeys(a.strip() for a in artifacts))
+        entries.append(Regenerate(command.strip(), ids))
+    return tuple(entries)

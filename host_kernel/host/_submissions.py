@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .._errors import RecordError
 from .._ids import mint_uuid
@@ -43,6 +45,8 @@ class Submissions:
         self.generations = generations
         self.redactor = redactor
         self._reproducer: Reproducer | None = None
+        #: (artifact id, progress) → Rederivation: set by the Host (``rederive=True``).
+        self.rederiver: Callable[..., Any] | None = None
         self._verdicts: list[tuple[Verdict, str | None]] = []
 
     def reproducer(self) -> Reproducer:
@@ -90,7 +94,7 @@ class Submissions:
                                        files=LiveFiles(self.workdir, record.record_dir),
                                        submission_id=submission_id, submit_seq=submit_seq,
                                        submitting_cell=submitting_cell,
-                                       runs=self.reproducer(), emit=emit,
+                                       runs=self._runs(submission), emit=emit,
                                        network=self.options.network)
             finally:
                 trusted.close()
@@ -104,6 +108,13 @@ class Submissions:
         self._verdicts.append((verdict, submitting_cell))
         return verdict
 
+    def _runs(self, submission: Submission) -> Any:
+        """The reproducer, and for ``rederive=True`` the Host's re-derivation beside it."""
+        runs = self.reproducer()
+        if submission.rederive is not True or self.rederiver is None:
+            return runs
+        return _WithRederive(runs, self.rederiver)
+
     def verdicts(self, start: int = 0) -> list[tuple[Verdict, str | None]]:
         """Every verdict given, in order, from the ``start``-th, each with its cell."""
         return self._verdicts[start:]
@@ -111,3 +122,24 @@ class Submissions:
     def verdicts_of(self, cell_id: str) -> tuple[Verdict, ...]:
         """The verdicts given to submissions made in ``cell_id``, in order."""
         return tuple(v for v, cell in self._verdicts if cell == cell_id)
+
+
+class _WithRederive:
+    """A reproducer that can also re-derive an artifact (``rederive=True``): the Host's
+    own re-derivation (a fresh confined kernel on the recorded inputs), its outcome
+    recorded in the verdict as a ``rederivation`` section."""
+
+    def __init__(self, runs: Any, rederiver: Callable[..., Any]) -> None:
+        self._runs = runs
+        self._rederiver = rederiver
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runs, name)
+
+    def rederive(self, artifact_id: str, sha256: str, emit: Emit | None = None) -> dict[str, Any]:
+        def progress(line: str) -> None:
+            if emit is not None:
+                emit({"stream": "stdout", "text": f"re-deriving {artifact_id[:8]}: {line}\n"})
+
+        result = self._rederiver(artifact_id, progress)
+        return {"kind": "rederivation", "sha256": sha256, **result.record_body()}

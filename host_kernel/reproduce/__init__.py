@@ -12,6 +12,9 @@ verdict's ``reproduction`` section. Modules:
 - ``roles``: which files are tests or test configuration, and what a command reads;
 - ``regression``: the baseline's own tests, at their baseline bytes, on the change;
 - ``runner``: the confined, bounded run and its report;
+- ``regenerate``: a ``regenerates`` declaration's commands, re-run on the declared
+  files and the recorded inputs, must write the claimed artifacts' exact bytes
+  (:func:`regenerate_artifacts`);
 - ``boot`` and ``plugin``: the code that runs inside the reproduction.
 """
 
@@ -24,14 +27,16 @@ from typing import Any, Protocol
 from .._errors import StorageError
 from ..store.blobs import FileBlobStore
 from .invocation import Invocation, InvocationRefused, parse
+from .regenerate import Claimed, RegenEntry, RegenPlan, RegenRequest, regenerate_artifacts
 from .regression import regression_runs
 from .roles import is_test_file, read_by, test_role
 from .runner import Limits, Plan, Reproducer
 from .scan import CONFIG_FILES, native_code, runner_hooks
 from .tree import BaselineError, load_manifest, record_baseline
 
-__all__ = ["Limits", "RecordedRuns", "Reproducer", "Request", "Runs", "record_baseline",
-           "reproduce_evidence", "test_role"]
+__all__ = ["Claimed", "Limits", "RecordedRuns", "RegenEntry", "RegenRequest", "Reproducer",
+           "Request", "Runs", "record_baseline", "regenerate_artifacts", "reproduce_evidence",
+           "test_role"]
 
 #: The outcome of a run → the check code that refuses it.
 OUTCOME_CODES = {"tampered": "runner_tampered", "failed": "reproduction_failed",
@@ -51,6 +56,9 @@ class Runs(Protocol):
 
     def run(self, plan: Plan, env_section: Mapping[str, Any],
             emit: Emit | None = None) -> dict[str, Any]: ...
+
+    def regenerate(self, plan: RegenPlan, env_section: Mapping[str, Any],
+                   emit: Emit | None = None) -> list[dict[str, Any]]: ...
 
 
 class RecordedRuns:
@@ -79,6 +87,34 @@ class RecordedRuns:
                 return {k: v for k, v in section.items() if k != "environment"}
         return {"outcome": "error", "tree_digest": digest,
                 "error": "the record holds no reproduction of this tree and command"}
+
+    def rederive(self, artifact_id: str, sha256: str,
+                 emit: Emit | None = None) -> dict[str, Any]:
+        """The recorded re-derivation of this artifact (with these bytes), if any."""
+        found = next((s for s in self.sections if s.get("kind") == "rederivation"
+                      and s.get("artifact_id") == artifact_id
+                      and s.get("sha256") == sha256), None)
+        return dict(found) if found is not None else {
+            "kind": "rederivation", "artifact_id": artifact_id, "sha256": sha256,
+            "outcome": "error", "detail": "the record holds no re-derivation of this artifact"}
+
+    def regenerate(self, plan: RegenPlan, env_section: Mapping[str, Any],
+                   emit: Emit | None = None) -> list[dict[str, Any]]:
+        """Each command's recorded section, matched by tree digest and invocation."""
+        from .tree import tree_digest
+
+        digest = tree_digest(plan.manifest)
+        out: list[dict[str, Any]] = []
+        for step in plan.steps:
+            found = next((s for s in self.sections if s.get("kind") == "regeneration"
+                          and s.get("tree_digest") == digest
+                          and s.get("invocation") == step.invocation()), None)
+            out.append({k: v for k, v in found.items() if k != "environment"} if found else
+                       {"kind": "regeneration", "command": step.command,
+                        "invocation": step.invocation(), "tree_digest": digest,
+                        "outcome": "error", "error": "the record holds no regeneration of "
+                                                     "this tree and command"})
+        return out
 
 
 @dataclass(frozen=True)

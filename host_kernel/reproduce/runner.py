@@ -23,6 +23,11 @@ verdict. The steps, in order:
    status and its own terminal summary (``outcome.py``), with every declared
    test file required to show a passing test (``collection.py``).
 
+The same folder, environment, sandbox and limits run a ``regenerates``
+declaration's commands (:meth:`Reproducer.regenerate`: the tree is the declared
+files plus the recorded inputs, and what each command must write is judged in
+``regenerate.py``).
+
 Results are cached by (tree digest, argv, environment digest) for the life of
 the Reproducer: submitting twice does not run the suite twice.
 """
@@ -58,6 +63,7 @@ from .environment import (
 )
 from .invocation import Invocation
 from .outcome import Run, judge, read_report
+from .regenerate import RegenPlan, Step, check_outputs, launcher_argv, shown_argv
 from .tree import BaselineError, build_tree, tree_digest
 from .world import HostOverlay, HostOverlays, reproduction_policy, requirements_of
 
@@ -248,7 +254,7 @@ class Reproducer:
             section["argv"] = run.argv[1:]
             started = time.monotonic()
             deadline = started + timeout
-            launched = [self._start(r, inv, plan.network) for r in (run, col)]
+            launched = [self._start(r, r.tree / inv.cwd, plan.network) for r in (run, col)]
             ran, collected = [self._end(s, deadline) for s in launched]
             section["duration"] = round(time.monotonic() - started, 3)
             section["confined"] = ran.confined
@@ -272,6 +278,68 @@ class Reproducer:
             shutil.rmtree(folder, ignore_errors=True)
         self._cache[key] = section
         return section
+
+    def regenerate(self, plan: RegenPlan, env_section: Mapping[str, Any],
+                   emit: Emit | None = None) -> list[dict[str, Any]]:
+        """Run a regeneration's commands in order, in one tree built from ``plan``'s
+        manifest, each confined and bounded as a test run is; a section per command
+        (``outcome``: passed, differs, failed, timeout, error, not_run)."""
+        digest = tree_digest(plan.manifest)
+        key = (f"regenerate:{digest}", json.dumps([s.invocation() for s in plan.steps]),
+               str(env_section["digest"]))
+        cached = self._cache.get(key)
+        if cached is not None:
+            return [dict(s, cached=True) for s in cached["sections"]]
+        timeout = self.limits.seconds(None)
+        base: dict[str, Any] = {
+            "kind": "regeneration", "tree_digest": digest, "tree_files": len(plan.manifest),
+            "inputs": dict(plan.inputs), "environment_digest": env_section["digest"],
+            "interpreter": env_section["interpreter"], "python": env_section["python"],
+            "limits": {"timeout": timeout, "memory": self.limits.memory}, "cached": False}
+        sections: list[dict[str, Any]] = []
+        folder = self._folder()
+        try:
+            run = _Run(folder / "run", folder / "run" / "tree")
+            try:
+                build_tree(run.tree, plan.manifest, self.blobs)
+                error = None
+            except BaselineError as exc:
+                error = exc.message
+            failed = error is not None
+            for step in plan.steps:
+                section = base | {"command": step.command, "invocation": step.invocation()}
+                if failed:
+                    sections.append(section | ({"outcome": "error", "error": error}
+                                               if error else {"outcome": "not_run"}))
+                    error = None
+                    continue
+                section.update(self._regenerate_step(run, step, plan.network, timeout))
+                sections.append(section)
+                failed = section["outcome"] != "passed"
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._cache[key] = {"sections": sections}
+        return sections
+
+    def _regenerate_step(self, run: _Run, step: Step, network: bool,
+                         timeout: float) -> dict[str, Any]:
+        run.argv = launcher_argv(self.pycache(), self._site, run.tree, step)
+        started = time.monotonic()
+        ended = self._end(self._start(run, run.tree / step.cwd, network), started + timeout)
+        out: dict[str, Any] = {
+            "argv": shown_argv(run.argv), "duration": round(time.monotonic() - started, 3),
+            "confined": ended.confined, "exit_status": ended.status,
+            "output_tail": ended.captured.tail(OUTPUT_TAIL),
+            "stderr_tail": bytes(ended.captured.err.tail).decode("utf-8", "replace")[-2000:]}
+        if ended.error is not None:
+            return out | {"outcome": "error", "error": ended.error}
+        if ended.status is None:
+            return out | {"outcome": "timeout"}
+        outputs = check_outputs(run.tree, step)
+        if ended.status != 0:
+            return out | {"outcome": "failed", "artifacts": outputs}
+        ok = all(not o["why"] for o in outputs)
+        return out | {"outcome": "passed" if ok else "differs", "artifacts": outputs}
 
     def _argv(self, run: _Run, inv: Invocation) -> list[str]:
         boot = [sys.executable, "-I", "-B", "-X", f"pycache_prefix={self.pycache()}",
@@ -316,13 +384,13 @@ class Reproducer:
         empty.write_text("[pytest]\n")
         return empty
 
-    def _start(self, run: _Run, inv: Invocation, network: bool) -> _Started:
-        """Start one run, its pipes read as it goes (``channel.py``)."""
+    def _start(self, run: _Run, cwd: Path, network: bool) -> _Started:
+        """Start one run in ``cwd`` (a folder of its tree: parse() refused one that holds no
+        declared file), its pipes read as it goes (``channel.py``)."""
         home, tmp = run.folder / "home", run.folder / "tmp"
-        home.mkdir()
-        tmp.mkdir()
+        home.mkdir(exist_ok=True)
+        tmp.mkdir(exist_ok=True)
         env = run_env(home, tmp)
-        cwd = run.tree / inv.cwd  # parse() refused a folder that holds no declared file
         started = _Started(run, Capture())
         argv = run.argv
         confinement = probe(None, network=network) if self.confine else None

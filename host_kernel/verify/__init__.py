@@ -23,6 +23,8 @@ setting of this module. The rest, by part:
 - ``declarations.py``: source_files, entry_points, architecture_summary;
 - ``evidence.py``: test evidence, and the hand-off to host_kernel/reproduce
   (the reproduction itself lives there);
+- ``regeneration.py``: the ``regenerates`` declaration, and its hand-off to
+  host_kernel/reproduce (which re-runs the commands);
 - ``verifier.py``: :func:`verify`, which runs them into a Verdict.
 """
 

@@ -82,6 +82,12 @@ CHECKS: dict[str, str] = {
                   "tree, run at its baseline bytes, unless intended_changes names it",
     "intended_changes": "intended_changes, when given, lists baseline tests with a reason "
                         "each (shown first to a reviewer)",
+    "regenerates_malformed": "regenerates, when given, is a list of {command, artifacts} "
+                             "in a mode that takes it (reusable_pipeline), each artifact "
+                             "saved from a workspace file",
+    "regeneration_differs": "each regenerates command, re-run by the Host on the declared "
+                            "files and the recorded inputs, exits 0 and writes each claimed "
+                            "artifact's exact bytes at the artifact's path",
     "environment_unavailable": "the distributions the session installed, which the Host "
                                "installs again itself, are available from the configured "
                                "index or wheelhouse, or the tests pass without them",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..modes import CODE_DECLARATIONS
 from .checks import _Checks
 from .evidence import _check_evidence
 from .submission import MAX_ENTRIES, Submission, _norm
@@ -36,8 +37,7 @@ def _entries(value: Any, key: str) -> list[tuple[str, str | None]] | None:
 
 def _check_declarations(sub: Submission, c: _Checks) -> None:
     view, files = c.view, c.files
-    missing = [n for n in ("source_files", "entry_points", "architecture_summary",
-                           "test_evidence") if getattr(sub, n) in (None, [], "", {})]
+    missing = [n for n in CODE_DECLARATIONS if getattr(sub, n) in (None, [], "", {})]
     if missing:
         c.fail("declarations_missing", f"missing {', '.join(missing)}: pass them as keyword "
                                        f"arguments of host.submit_output")

@@ -34,6 +34,13 @@ class Submission:
     #: ``codebase_change``: baseline tests whose behaviour the change means to alter, each
     #: ``{"test": node id or file, "reason": why}`` (shown first to a reviewer).
     intended_changes: Any = None
+    #: ``reusable_pipeline``: commands the Host re-runs on the declared files, each
+    #: ``{"command": …, "artifacts": [artifact id, …]}``; each must write its artifacts'
+    #: exact bytes (shape: :func:`host_kernel.modes.parse_regenerates`).
+    regenerates: Any = None
+    #: ``True``: accepted only when the Host re-derives every artifact ``output`` claims
+    #: from its slice, in a fresh confined kernel (``not_rederived`` otherwise).
+    rederive: Any = None
     #: Set by the Host when the output could not be serialised in the kernel.
     output_error: str | None = None
 

@@ -4,7 +4,7 @@ Owns :func:`verify` (the checks of every mode, then the code declarations,
 enforced or as advice, then the reproduction), the checks every mode runs on
 ``output``, ``completion_bullets`` and ``task_status``, and the fail-closed
 verdict when the record cannot be read. The checks themselves live in
-claims.py, declarations.py and evidence.py.
+claims.py, declarations.py, evidence.py and regeneration.py.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import json
 from typing import Any
 
 from .._models import Check, Verdict
-from ..modes import TaskMode
+from ..modes import CODE_DECLARATIONS, TaskMode
 from ..reproduce import Emit, Runs
 from ..schema import json_depth
 from .checks import _Checks
 from .claims import _check_claims
 from .declarations import _check_declarations
-from .evidence import _reproduce
+from .evidence import NOT_REPRODUCED, _reproduce
+from .rederivation import check_rederive
+from .regeneration import _check_regenerates, _regenerate
 from .submission import MAX_OUTPUT_BYTES, MAX_OUTPUT_DEPTH, STATUSES, Submission
 from .views import RecordView, _Recording
 
@@ -33,23 +35,31 @@ def verify(sub: Submission, *, mode: TaskMode, view: RecordView, files: Any,
     In an enforced mode whose other checks pass, ``runs`` reproduces each test
     evidence entry (a live :class:`~host_kernel.reproduce.Reproducer`, or the
     record's own runs when ``audit`` re-verifies); without it the submission
-    cannot be accepted (``reproduction_error``).
+    cannot be accepted (``reproduction_error``). Once those pass, it re-runs each
+    ``regenerates`` command (``regeneration_differs``).
     """
     seen: dict[str, str | None] = {}
     files = _Recording(files, seen)
     checks = _Checks(view, files, submit_seq, submitting_cell)
     _check_every_mode(sub, checks)
-    declared = any(getattr(sub, n) is not None for n in (
-        "source_files", "entry_points", "architecture_summary", "test_evidence"))
+    declared = any(getattr(sub, n) is not None for n in (*CODE_DECLARATIONS, "regenerates"))
     sections: list[dict[str, Any]] = []
     if mode.enforced:
         _check_declarations(sub, checks)
+        regenerates = _check_regenerates(sub, mode, checks)
         if all(c.ok for c in checks.items):
             sections = _reproduce(checks, mode, runs, emit, network)
+        # The claimed artifacts are regenerated once the declared tests have passed.
+        if regenerates and runs is not None and runs is not NOT_REPRODUCED and \
+                all(c.ok for c in checks.items):
+            sections += _regenerate(checks, regenerates, runs, emit, network)
     elif (mode.detected and mode.name != "analysis_run") or declared:
         advice = _Checks(view, files, submit_seq, submitting_cell, advisory=True)
         _check_declarations(sub, advice)
+        _check_regenerates(sub, mode, advice)
         checks.items.extend(advice.items)
+    if sub.rederive is not None and all(c.ok for c in checks.items):
+        sections += check_rederive(sub, checks, runs, emit)
     accepted = all(c.ok or c.advisory for c in checks.items)
     return Verdict(submission_id, accepted, mode.name, mode.armed, tuple(checks.items),
                    tuple(sections)), seen

@@ -43,8 +43,8 @@ class RecordView:
         self.cells = {r["cell_id"]: r for r in q(
             "SELECT cell_id, seq_started, seq_finished, status, outputs, generation "
             "FROM cells WHERE session = ? AND seq_started < ?", (session,))}
-        self.artifacts = q("SELECT artifact_id, filename, sha256, source_path, seq, ts "
-                           "FROM artifacts WHERE session = ? AND seq < ? ORDER BY seq",
+        self.artifacts = q("SELECT artifact_id, filename, sha256, source_path, seq, ts, "
+                           "lineage FROM artifacts WHERE session = ? AND seq < ? ORDER BY seq",
                            (session,))
         self.artifact_shas = {r["sha256"] for r in self.artifacts}
         self.receipts: dict[str, list[dict[str, Any]]] = {}
@@ -113,6 +113,31 @@ class RecordView:
             add(body.get("traced"))
             add(body.get("access"))
         return {p for p in paths if p and not p.startswith("/")}
+
+    def artifact_inputs(self, row: Any) -> tuple[tuple[str, str], ...]:
+        """An artifact row's lineage inputs that are files, as (path, sha256), in the order
+        recorded: a file read, at its recorded path; a read of bytes this session saved as
+        an artifact, which lineage records by artifact id without the path it was read at,
+        at every path this session saved those bytes from (the named artifact's first)."""
+        try:
+            lineage = json.loads(row["lineage"]) if row["lineage"] else {}
+        except (TypeError, ValueError):
+            return ()
+        items = lineage.get("inputs") if isinstance(lineage, dict) else None
+        saved_at = {r["artifact_id"]: r["source_path"] for r in self.artifacts}
+        out: dict[tuple[str, str], None] = {}
+        for item in items if isinstance(items, list) else ():
+            if not isinstance(item, dict) or not isinstance(item.get("sha256"), str):
+                continue
+            sha = item["sha256"]
+            paths = [item.get("path")]
+            if paths[0] is None and isinstance(item.get("artifact_id"), str):
+                paths = [saved_at.get(item["artifact_id"])] + [
+                    r["source_path"] for r in self.artifacts if r["sha256"] == sha]
+            for path in paths:
+                if isinstance(path, str):
+                    out.setdefault((path, sha), None)
+        return tuple(out)
 
     def relative_cwd(self, cwd: Any) -> str:
         """A receipt's folder relative to the workspace ("." for the root; ".." when outside)."""
