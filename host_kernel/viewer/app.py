@@ -8,9 +8,10 @@ thread (:func:`serve_in_thread`, for tests and embedding).
 Every page request opens the record again through
 :func:`~host_kernel.store.verified.open_verified`, so a record tampered with
 while the viewer runs is refused on the next request; the pages are read from
-the projection it rebuilt from the checked events (:mod:`.pages`). Only GET and
-HEAD are served, and nothing here writes the record. It does not decide what a
-page shows (:mod:`.pages` does) nor how (the templates do).
+the projection it rebuilt from the checked events (:mod:`.pages`, and
+:mod:`.derivation` for slices and re-derivations). Only GET and HEAD are served,
+and nothing here writes the record. It does not decide what a page shows
+(those modules do) nor how (the templates do).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..lineage.svg import lineage_svg
 from ..store.ledger import RecordRefused, SQLiteLedger
 from ..store.verified import LedgerRecord, open_verified
-from . import pages
+from . import derivation, pages
 
 __all__ = ["ViewerServer", "create_app", "serve_in_thread"]
 
@@ -212,7 +213,8 @@ class Viewer:
 
     def session(self, request: Request) -> Response:
         sid = request.path_params["session_id"]
-        return self.page("session.html", lambda led: pages.session_page(led, sid))
+        return self.page("session.html", lambda led: derivation.mark_rederivations(
+            led, pages.session_page(led, sid)))
 
     def artifact(self, request: Request) -> Response:
         aid = request.path_params["artifact_id"]
@@ -223,6 +225,8 @@ class Viewer:
             # page's policy runs no inline script even if it did not.
             page["svg"] = Markup(lineage_svg(page["graph"], title=f"lineage of "
                                                                   f"{page['filename']}"))
+            page["slice"] = derivation.slice_section(ledger, aid)
+            page["rederived"] = derivation.rederivation_section(ledger, aid)
             return page
 
         return self.page("artifact.html", build)
@@ -231,6 +235,29 @@ class Viewer:
         aid = request.path_params["artifact_id"]
         return self.download(f"{aid}.prov.json", lambda led: _json_bytes(
             pages.artifact_prov(led, aid)), "application/json")
+
+    def slice_script(self, request: Request) -> Response:
+        return self._slice(request.path_params["artifact_id"], derivation.slice_script,
+                           "text/x-python")
+
+    def slice_notebook(self, request: Request) -> Response:
+        return self._slice(request.path_params["artifact_id"], derivation.slice_notebook,
+                           "application/x-ipynb+json")
+
+    def _slice(self, aid: str, write: Callable[[SQLiteLedger, str], tuple[str, bytes]],
+               media_type: str) -> Response:
+        """The artifact's slice as a download named after the artifact's file."""
+        names: list[str] = []
+
+        def build(ledger: SQLiteLedger) -> bytes:
+            name, data = write(ledger, aid)
+            names.append(name)
+            return data
+
+        response = self.download("slice", build, media_type)
+        if names and response.status_code == 200:
+            response.headers["Content-Disposition"] = pages.content_disposition(names[0])
+        return response
 
     def artifact_bytes(self, request: Request) -> Response:
         aid = request.path_params["artifact_id"]
@@ -297,6 +324,8 @@ def create_app(record: str | Path | LedgerRecord, token: str, *,
         Route("/artifact/{artifact_id}", viewer.artifact, methods=["GET"]),
         Route("/artifact/{artifact_id}/prov.json", viewer.prov, methods=["GET"]),
         Route("/artifact/{artifact_id}/bytes", viewer.artifact_bytes, methods=["GET"]),
+        Route("/artifact/{artifact_id}/slice.py", viewer.slice_script, methods=["GET"]),
+        Route("/artifact/{artifact_id}/slice.ipynb", viewer.slice_notebook, methods=["GET"]),
         Route("/receipt/{receipt_id}", viewer.receipt, methods=["GET"]),
         Route("/receipt/{receipt_id}/statement.json", viewer.statement, methods=["GET"]),
         Route("/verdict/{submission_id}", viewer.verdict, methods=["GET"]),
