@@ -18,7 +18,9 @@ from benchmarks.agent import AGENT
 from benchmarks.bash_scale import BASH_SCALE
 from benchmarks.batch import BATCH
 from benchmarks.cells import CELLS
+from benchmarks.derive import DERIVE
 from benchmarks.judge import JUDGE
+from benchmarks.keep import KEEP
 from benchmarks.ledger import LEDGER
 from benchmarks.pool import POOL
 from benchmarks.record import RECORD
@@ -71,7 +73,7 @@ def _fill() -> None:
     (benchmarks/cells.py, benchmarks/record.py), then those beside the front they measure
     (benchmarks/relay.py), with more sides than ours and a baseline (benchmarks/tracing.py),
     or long (benchmarks/session.py)."""
-    for name, target, ours, baseline, run in (*CELLS, *RECORD, *JUDGE):
+    for name, target, ours, baseline, run in (*CELLS, *RECORD, *KEEP, *DERIVE, *JUDGE):
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     benchmark("control_start", target=1.3, ours=START_OURS,
               baseline=BASELINE)(bench_control_start)

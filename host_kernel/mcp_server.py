@@ -165,15 +165,23 @@ def build_server(host: Host, worker: HostThread, *,
                       source_files: list[Any] | None = None,
                       entry_points: list[str] | None = None,
                       architecture_summary: str | None = None,
-                      test_evidence: list[dict[str, Any]] | None = None) -> str:
+                      test_evidence: list[dict[str, Any]] | None = None,
+                      intended_changes: list[dict[str, Any]] | None = None,
+                      regenerates: list[dict[str, Any]] | None = None,
+                      rederive: bool | None = None) -> str:
         """Submit the completion with host.submit_output in a cell; the Host verifies it
         against its record. Accepted: the verdict. Refused: every failed check, each with a
         stable code and what to fix. In an armed mode give source_files, entry_points,
-        architecture_summary and test_evidence ([{command, producing_cell_id}])."""
+        architecture_summary and test_evidence ([{command, producing_cell_id}]);
+        intended_changes ([{test, reason}], codebase_change), regenerates ([{command,
+        artifacts}], reusable_pipeline) and rederive (True: accepted only when each claimed
+        artifact is re-derived from its slice) as the modes allow."""
         fields = {"output": output, "completion_bullets": completion_bullets,
                   "task_status": task_status, "output_schema": output_schema,
                   "source_files": source_files, "entry_points": entry_points,
-                  "architecture_summary": architecture_summary, "test_evidence": test_evidence}
+                  "architecture_summary": architecture_summary, "test_evidence": test_evidence,
+                  "intended_changes": intended_changes, "regenerates": regenerates,
+                  "rederive": rederive}
         payload = json.dumps({k: v for k, v in fields.items() if v is not None})
         code = f"print(host.submit_output(**__import__('json').loads({payload!r})).explain())"
         obs = run_cell(code)

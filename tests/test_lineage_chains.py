@@ -103,6 +103,16 @@ def test_the_cli_cuts_the_graph_by_depth(chains: Host) -> None:
     near = {n["attrs"].get("path") for n in lineage("--depth", "1")["nodes"]}
     assert {"mid2.parquet", "raw.csv"} <= whole
     assert "mid2.parquet" in near and "raw.csv" not in near
+    statement = subprocess.run([sys.executable, "-m", "host_kernel", "lineage", aid, "--record",
+                                str(chains.record_dir), "--format", "in-toto"],
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert statement.returncode == 0, statement.stderr
+    doc = json.loads(statement.stdout)
+    assert doc["_type"] == "https://in-toto.io/Statement/v1"
+    assert [m["name"] for m in doc["predicate"]["materials"]] == ["mid2.parquet"]
+    derivation = doc["predicate"]["byproducts"]["derivations"][0]
+    assert derivation["name"] == "mid2.parquet"
+    assert [m["name"] for m in derivation["materials"]] == ["raw.csv"]
     bad = subprocess.run([sys.executable, "-m", "host_kernel", "lineage", aid, "--record",
                           str(chains.record_dir), "--depth", "0"], capture_output=True,
                          text=True, timeout=60, check=False)

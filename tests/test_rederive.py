@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -177,12 +178,18 @@ def test_minimal_names_an_input_the_artifact_does_not_need(
 
 def test_a_read_through_an_already_open_descriptor_is_lineage_incomplete(
         tmp_path: Path) -> None:
+    """A thread an earlier cell left running opens the file between two cells (an access
+    the record keeps apart, as ``traced.between``, never an input); the next cell reads
+    through that descriptor. The lineage cannot name the file; re-derivation does."""
     (tmp_path / "secret.txt").write_text("42\n")
     with Host(tmp_path) as host:
-        run_ok(host, "import os\nos.open('secret.txt', os.O_RDONLY)")
-        out = run_ok(host, "fd = [int(f) for f in os.listdir('/proc/self/fd') if os.path."
-                           "realpath(f'/proc/self/fd/{f}').endswith('secret.txt')][0]\n"
-                           "open('copy.txt', 'w').write(os.pread(fd, 100, 0).decode())\n"
+        run_ok(host, "import os, threading, time\nbox = {}\ndef later():\n"
+                     "    time.sleep(1.5)\n    box['fd'] = os.open('secret.txt', os.O_RDONLY)\n"
+                     "threading.Thread(target=later).start()")
+        time.sleep(3.0)
+        out = run_ok(host, "for _ in range(100):\n    if 'fd' in box:\n        break\n"
+                           "    time.sleep(0.05)\n"
+                           "open('copy.txt', 'w').write(os.pread(box['fd'], 100, 0).decode())\n"
                            "print('ID', host.save_artifact('copy.txt').artifact_id)")
         aid = out.split("ID ")[-1].split()[0]
         from host_kernel.lineage.graph import build_lineage
@@ -278,3 +285,67 @@ def test_host_slice_from_a_cell(lab: tuple[Host, dict[str, str]]) -> None:
     assert second == "True"
     refused = run_ok(host, "try:\n    host.slice('nope')\nexcept Exception as e:\n    print(e)")
     assert "no artifact" in refused
+
+
+def _submit(host: Host, output: str, rederive: str = "True") -> str:
+    return run_ok(host, "from host_kernel import SubmissionRefused\ntry:\n"
+                        f"    v = host.submit_output({output}, ['made it'], rederive={rederive})\n"
+                        "    print('ACCEPTED')\nexcept SubmissionRefused as e:\n"
+                        "    print('REFUSED', e)")
+
+
+def test_rederive_true_accepts_only_what_the_slice_remakes(tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_text("v\n1\n2\n3\n")
+    with Host(tmp_path, mode="analysis_run") as host:
+        run_ok(host, "import csv\nvals = [int(r['v']) for r in csv.DictReader(open('in.csv'))]")
+        good = run_ok(host, "open('sum.txt', 'w').write(str(sum(vals)))\n"
+                            "print('ID', host.save_artifact('sum.txt').artifact_id)"
+                      ).split("ID ")[-1].split()[0]
+        bad = run_ok(host, "import random\nopen('noise.txt', 'w').write(str(random.random()))\n"
+                           "print('ID', host.save_artifact('noise.txt').artifact_id)"
+                     ).split("ID ")[-1].split()[0]
+        accepted = _submit(host, f"{{'artifacts': [{good!r}]}}")
+        assert "ACCEPTED" in accepted, accepted
+        assert "re-deriving" in accepted  # progress in the cell
+        refused = _submit(host, f"{{'artifacts': [{good!r}, {bad!r}]}}")
+        assert "REFUSED" in refused and "not_rederived" in refused and "differs" in refused
+        nothing = _submit(host, "{'answer': 6}")
+        assert "REFUSED" in nothing and "claims no artifact" in nothing
+        wrong = _submit(host, f"{{'artifacts': [{good!r}]}}", rederive="'yes'")
+        assert "REFUSED" in wrong and "must be True or False" in wrong
+        verdicts = host.own_rows("SELECT body FROM events WHERE kind = 'submission_verdict' "
+                                 "ORDER BY seq")
+        first = json.loads(verdicts[0]["body"])["verdict"]
+        assert [s["kind"] for s in first["reproduction"]] == ["rederivation"]
+        record = host.record_dir
+    from host_kernel.audit import audit
+
+    report = audit(record)
+    assert not [f for f in report.findings if f.fatal], [str(f) for f in report.findings]
+
+
+def test_a_background_writer_cannot_plant_the_artifact_in_the_rederivation(
+        tmp_path: Path) -> None:
+    """The attacker's cell leaves a process that copies the session's bytes of the claimed
+    file into every folder it can find that looks like a re-derivation's workspace, so that
+    a slice that cannot remake them would seem to. The fresh workspace is the Host's, out
+    of the kernel's view: the claim is refused."""
+    watcher = ("import glob, os, shutil, time\n"
+               "for _ in range(6000):\n"
+               "    for d in glob.glob('/tmp/hk-rederive-*/workspace') + "
+               "glob.glob('/tmp/*/hk-rederive-*/workspace'):\n"
+               "        try:\n"
+               "            shutil.copy('claim.txt', d)\n"
+               "        except OSError:\n"
+               "            pass\n"
+               "    time.sleep(0.005)\n")
+    with Host(tmp_path, mode="analysis_run") as host:
+        run_ok(host, f"import subprocess, sys\nwatcher = subprocess.Popen([sys.executable, "
+                     f"'-c', {watcher!r}])")
+        aid = run_ok(host, "import os\nopen('claim.txt', 'w').write(os.urandom(8).hex())\n"
+                           "print('ID', host.save_artifact('claim.txt').artifact_id)"
+                     ).split("ID ")[-1].split()[0]
+        refused = _submit(host, f"{{'artifacts': [{aid!r}]}}")
+        run_ok(host, "watcher.kill()")
+    assert "REFUSED" in refused and "not_rederived" in refused, refused
+    assert "differs" in refused

@@ -222,8 +222,10 @@ AUDIT = Command(
 def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact_id", metavar="ARTIFACT_ID", help="the artifact's UUID")
     add_record_arguments(parser, positional=False, workdir=True)
-    parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json"),
-                        default="text", help="output format (default: text)")
+    parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json",
+                                             "in-toto"),
+                        default="text", help="output format (default: text); in-toto is a "
+                                             "Statement v1 with the direct inputs as materials")
     parser.add_argument("--depth", metavar="N", type=_depth, default=None,
                         help="derivation steps up from the artifact: 1 is its direct inputs, "
                              "'all' (the default) the whole chain through session-made files")
@@ -247,6 +249,15 @@ def _lineage_run(args: argparse.Namespace) -> int:
     from ..lineage.graph import record_lineage
 
     record = record_argument(args)
+    if args.format == "in-toto":
+        from ..lineage.graph import record_artifact_statement
+
+        try:
+            statement = record_artifact_statement(record, args.artifact_id)
+        except FileProblem as exc:
+            raise UsageError(exc.message) from None
+        print_line(printable_json(statement, ascii_only=True))
+        return EXIT_OK
     try:
         graph = record_lineage(record, args.artifact_id).depth(args.depth)
     except FileProblem as exc:

@@ -163,8 +163,12 @@ of this session's artifacts.
 - host.lineage(artifact_id) -> Lineage: what flowed into an artifact.
 - host.submit_output(output, completion_bullets, *, task_status=None, \
 output_schema=None, source_files=None, entry_points=None, \
-architecture_summary=None, test_evidence=None) -> Verdict; raises \
-SubmissionRefused listing every failed check.
+architecture_summary=None, test_evidence=None, intended_changes=None, \
+regenerates=None, rederive=None) -> Verdict; raises SubmissionRefused listing every \
+failed check.
+- host.slice(artifact_id) -> Slice: the smallest set of this session's cells that \
+makes the artifact (.to_script()); rederive=True in submit_output asks the Host to \
+re-run it in a fresh kernel and accept only the same bytes.
 - host.skills.list(collection=None, offset=0), host.skills.search(query), \
 host.skills.get(name): the skills catalog, as the skill tools give it.
 - host.delegate(task, inputs=[paths, folders or artifact ids], mode=None, \
@@ -179,6 +183,7 @@ result.load(artifact_id, path=None) copies one of its artifacts into the workspa
 FINALIZE_FIELDS: Final[tuple[str, ...]] = (
     "output", "summary", "completion_bullets", "task_status", "output_schema",
     "source_files", "entry_points", "architecture_summary", "test_evidence",
+    "intended_changes", "regenerates", "rederive",
 )
 
 FINALIZE_TOOL: Final[dict[str, Any]] = {
@@ -239,6 +244,28 @@ FINALIZE_TOOL: Final[dict[str, Any]] = {
                                                "Observation of the cell that ran it"}},
                         "required": ["command", "producing_cell_id"]},
                     "description": "Test commands run through host.bash, with their cells."},
+                "intended_changes": {
+                    "type": "array",
+                    "items": {"type": "object",
+                              "properties": {"test": {"type": "string"},
+                                             "reason": {"type": "string"}},
+                              "required": ["test", "reason"]},
+                    "description": "codebase_change: baseline tests whose behaviour the "
+                                   "change means to alter, each with why."},
+                "regenerates": {
+                    "type": "array",
+                    "items": {"type": "object",
+                              "properties": {"command": {"type": "string"},
+                                             "artifacts": {"type": "array",
+                                                           "items": {"type": "string"}}},
+                              "required": ["command", "artifacts"]},
+                    "description": "reusable_pipeline: commands (python -m pkg … or python "
+                                   "script.py …) the Host re-runs on the declared files; "
+                                   "each must write its artifacts' exact bytes."},
+                "rederive": {
+                    "type": "boolean",
+                    "description": "True: accepted only when the Host re-derives every "
+                                   "artifact output names from its slice, in a fresh kernel."},
             },
             "required": ["completion_bullets"],
         },
@@ -294,7 +321,9 @@ TOOL_SPECS: Final[tuple[ToolSpec, ...]] = (
              "output?: object, task_status?: completed|partial|blocked|failed, "
              "output_schema?: object, source_files?: list[path | {path, sha256}], "
              "entry_points?: list[path], architecture_summary?: str, "
-             "test_evidence?: list[{command, producing_cell_id}])"),
+             "test_evidence?: list[{command, producing_cell_id}], "
+             "intended_changes?: list[{test, reason}], "
+             "regenerates?: list[{command, artifacts}], rederive?: bool)"),
     ToolSpec("tool_view", Tier.FREQUENT,
              "Load a rare tool's full arguments into the loaded-tools block of your context.",
              {"type": "object", "properties": {"name": {"type": "string"}},
@@ -523,5 +552,7 @@ def submission_from_arguments(args: Mapping[str, Any]) -> tuple[Submission, list
         task_status=args.get("task_status"), output_schema=args.get("output_schema"),
         source_files=args.get("source_files"), entry_points=args.get("entry_points"),
         architecture_summary=args.get("architecture_summary"),
-        test_evidence=args.get("test_evidence"))
+        test_evidence=args.get("test_evidence"),
+        intended_changes=args.get("intended_changes"), regenerates=args.get("regenerates"),
+        rederive=args.get("rederive"))
     return submission, notes

@@ -41,7 +41,7 @@ from ._handlers import HANDLERS
 from ._lineage import SessionLineage, read_source
 from ._options import HostOptions
 from ._record import SessionRecord
-from ._rederive import Rederivation, rederive
+from ._rederive import Rederivation, in_own_thread, rederive
 from ._server import CallServer, Emit
 from ._session import Launch, Session
 from ._submissions import Submissions
@@ -94,6 +94,7 @@ class Host:
             self.workdir, self.record_dir, opts, self.record, self.session, self.generations,
             self.cells, self.workspace, self.lineage, self.redactor, hashes,
             self.submissions.submit, opts.skills), HANDLERS)
+        self.submissions.rederiver = self._rederive_for_submission
         self._server: CallServer | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -312,12 +313,25 @@ class Host:
                  progress: Callable[[str], None] | None = None) -> Rederivation:
         """Run the artifact's slice in a fresh confined kernel over a fresh workspace that
         holds only its recorded input bytes, and compare what it writes with the artifact
-        (docs/lineage.md, "Re-derivation"). The record read is this session's own."""
+        (docs/lineage.md, "Re-derivation"). The outcome is recorded in this session's record
+        (``artifact_rederived``)."""
         self._require_open()
         ledger = self.ledger
         assert ledger is not None
-        return rederive(ledger, self.record.blobs, artifact_id, fresh_host, minimal=minimal,
-                        tolerance=tolerance, timeout=timeout, progress=progress)
+        result = rederive(ledger, self.record.blobs, artifact_id, fresh_host, minimal=minimal,
+                          tolerance=tolerance, timeout=timeout, progress=progress)
+        self.record.append("artifact_rederived", result.record_body())
+        return result
+
+
+    def _rederive_for_submission(self, artifact_id: str,
+                                 progress: Callable[[str], None]) -> Rederivation:
+        """``submit_output(rederive=True)``: the verdict records the outcome itself."""
+        ledger = self.ledger
+        assert ledger is not None
+        result: Rederivation = in_own_thread(lambda: rederive(
+            ledger, self.record.blobs, artifact_id, fresh_host, progress=progress))
+        return result
 
 
 def fresh_host(workspace: Path, record: Path) -> Host:

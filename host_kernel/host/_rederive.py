@@ -40,7 +40,7 @@ from ..lineage.slice import Slice, SliceInput, compute_slice
 from ..store.blobs import FileBlobStore, open_beneath
 from ..store.ledger import Ledger
 
-__all__ = ["OUTCOMES", "Rederivation", "rederive", "rederive_slice"]
+__all__ = ["OUTCOMES", "Rederivation", "in_own_thread", "rederive", "rederive_slice"]
 
 OUTCOMES = ("reproduced", "differs", "failed", "lineage_incomplete")
 
@@ -67,12 +67,53 @@ class Rederivation:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def record_body(self) -> dict[str, Any]:
+        """What the record keeps of it (``artifact_rederived``): the diff cut short."""
+        body = self.to_dict()
+        if self.comparison is not None:
+            body["comparison"] = {**self.comparison,
+                                  "diff": str(self.comparison.get("diff", ""))[:4000]}
+        body["detail"] = self.detail[:4000]
+        return body
+
     def line(self) -> str:
         """One line for a console."""
         head = f"{self.outcome}: artifact {self.artifact_id} ({len(self.cells)} of " \
                f"{self.session_cells} cells, {self.seconds:.1f} s)"
         extra = f"; not needed: {', '.join(self.not_needed)}" if self.not_needed else ""
         return f"{head}: {self.detail}{extra}"
+
+
+def in_own_thread(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (a re-derivation) in a thread of its own with an event loop of its own,
+    closed afterwards. A Host started from a thread that is not the main one (the call
+    server's, for ``submit_output(rederive=True)``) would otherwise leave jupyter_client's
+    loop and its self-pipe behind, to be collected at any later moment."""
+    import asyncio
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        # jupyter_client runs its coroutines on jupyter_core's loop for this thread's
+        # context: made here, so that it is the one closed below.
+        from jupyter_core.utils import ensure_event_loop
+
+        loop = ensure_event_loop()
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    thread = threading.Thread(target=run, name="hk-rederive", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _place(blobs: FileBlobStore, workspace: Path, item: SliceInput) -> bool:
@@ -127,7 +168,7 @@ def rederive_slice(sliced: Slice, blobs: FileBlobStore, expected: bytes | None,
         result = _run(sliced, blobs, expected, start, None, tolerance, timeout, say)
         if minimal and result.outcome == "reproduced":
             result.not_needed = []
-            for item in sliced.inputs:
+            for item in (*sliced.inputs, *sliced.context):
                 say(f"re-deriving without {item.path}")
                 again = _run(sliced, blobs, expected, start, item, tolerance, timeout, say)
                 if again.outcome == "reproduced":
@@ -150,6 +191,9 @@ def _run(sliced: Slice, blobs: FileBlobStore, expected: bytes, start: StartHost,
                 continue
             if not _place(blobs, workspace, item):
                 absent.append(item.path)
+        for item in sliced.context:
+            if item is not leave_out and not (workspace / item.path).exists():
+                _place(blobs, workspace, item)  # not kept: the slice may still not need it
         for made in sliced.makes:  # folders carry no bytes: the ones the session wrote into
             if _inside(workspace, made) is not None:
                 (workspace / made).parent.mkdir(parents=True, exist_ok=True)
@@ -171,7 +215,7 @@ def _run(sliced: Slice, blobs: FileBlobStore, expected: bytes, start: StartHost,
                         _tail(obs.text)
                     break
             reads, writes = _traced(host)
-        named = {i.path for i in sliced.inputs} | set(sliced.makes)
+        named = {i.path for i in (*sliced.inputs, *sliced.context)} | set(sliced.makes)
         missing = [p for p in dict.fromkeys(reads) if p not in named and p not in writes
                    and not _import_probe(p) and not (workspace / p).exists()]
         if failure is not None:
@@ -208,7 +252,10 @@ def _import_probe(path: str) -> bool:
     that names no file here (a path hook's name, an egg or zip it tries as an archive,
     bytecode caches): not a read of data the slice needed."""
     name = path.rsplit("/", 1)[-1]
-    return ("__path_hook__" in name or name.startswith("__editable__")
+    # ipykernel names each cell's code file by a hash (``1068734164.py``); a traceback's
+    # source lookup tries it under every sys.path entry
+    return ("__path_hook__" in path or name.startswith("__editable__")
+            or (name.endswith(".py") and name[:-3].isdigit())
             or name.endswith((".zip", ".egg", ".whl", ".pth", ".pyc"))
             or "/__pycache__/" in f"/{path}")
 
@@ -236,7 +283,9 @@ def _traced(host: Any) -> tuple[list[str], set[str]]:
         traced = body.get("traced")
         if not isinstance(traced, dict):
             continue
-        reads += [r for r in traced.get("reads", ()) if isinstance(r, str)]
+        # "between": opened by a process the slice left running, between two cells
+        reads += [r for key in ("reads", "between") for r in traced.get(key, ())
+                  if isinstance(r, str)]
         writes |= {w for w in traced.get("writes", ()) if isinstance(w, str)}
         for change in body.get("changes", ()) if row["kind"] == "receipt_recorded" else ():
             writes.add(change.get("path"))

@@ -31,8 +31,9 @@ from ..store.ledger import Ledger
 from ..store.verified import open_verified
 from .model import MAX_NODES, Lineage, LineageEdge, LineageNode
 
-__all__ = ["Lineage", "LineageEdge", "LineageNode", "build_lineage", "receipt_statement",
-           "record_lineage", "record_receipt_statement"]
+__all__ = ["Lineage", "LineageEdge", "LineageNode", "artifact_statement", "build_lineage",
+           "receipt_statement", "record_artifact_statement", "record_lineage",
+           "record_receipt_statement"]
 
 
 # --------------------------------------------------------------------------- building
@@ -244,6 +245,60 @@ def _input_node(item: dict[str, Any], receipts: dict[str, Any]) -> LineageNode |
             {"path": item["path"], "sha256": sha, "hashed_at": item.get("hashed_at")},
         )
     return None
+
+
+def artifact_statement(ledger: Ledger, artifact_id: str) -> dict[str, Any]:
+    """An artifact as an in-toto Statement v1 (link predicate): the artifact is the
+    subject, its **direct** inputs the materials (files and artifacts by sha256, commands
+    and sub-tasks by URI), and each session-made input's own derivation a byproduct, so a
+    verifier can walk the chain without the record."""
+    rows = ledger.query("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
+    if not rows:
+        raise FileProblem(f"no artifact {artifact_id!r} in this record")
+    row = rows[0]
+    lineage = json.loads(row["lineage"]) if row["lineage"] else {}
+
+    def material(item: dict[str, Any]) -> dict[str, Any]:
+        if item.get("artifact_id"):
+            return {"uri": f"urn:host-kernel:artifact:{item['artifact_id']}",
+                    "digest": {"sha256": item.get("sha256")}}
+        if item.get("receipt_id"):
+            return {"uri": f"urn:host-kernel:receipt:{item['receipt_id']}",
+                    "annotations": {"command": item.get("command"),
+                                    "exit_status": item.get("exit_status")}}
+        if item.get("handle"):
+            return {"uri": f"urn:host-kernel:subtask:{item['handle']}"}
+        return {"name": item.get("path"), "digest": {"sha256": item.get("sha256")},
+                "annotations": {"method": item.get("method")}}
+
+    return {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": row["filename"], "digest": {"sha256": row["sha256"]}}],
+        "predicateType": "https://in-toto.io/attestation/link/v0.3",
+        "predicate": {
+            "name": f"host-kernel artifact {artifact_id}",
+            "command": [f"cell {row['cell_id']}"],
+            "materials": [material(i) for i in lineage.get("inputs", ()) if isinstance(i, dict)],
+            "byproducts": {
+                "cell-id": row["cell_id"], "generation": row["generation"],
+                "session": row["session"], "source-path": row["source_path"],
+                "written-by": lineage.get("written_by"),
+                "derivations": [
+                    {"name": d.get("path"), "digest": {"sha256": d.get("sha256")},
+                     "written-by": d.get("written_by"),
+                     "materials": [material(i) for i in d.get("inputs", ())
+                                   if isinstance(i, dict)]}
+                    for d in lineage.get("derivations", ()) if isinstance(d, dict)],
+                "truncated": bool(lineage.get("truncated")),
+            },
+        },
+    }
+
+
+def record_artifact_statement(record_dir: str | Path, artifact_id: str) -> dict[str, Any]:
+    """:func:`artifact_statement` from the record folder's verified events."""
+    with open_verified(record_dir) as trusted:
+        return artifact_statement(trusted, artifact_id)
 
 
 def receipt_statement(ledger: Ledger, receipt_id: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from typing import Any
 from .._errors import FileProblem
 from ..store.ledger import Ledger
 from .defuse import BUILTIN_NAMES, CellNames, cell_names
-from .knowledge import KERNEL_NAMES, UNKNOWN_NAMES
+from .knowledge import KERNEL_NAMES, UNKNOWN_NAMES, is_pure
 
 __all__ = ["Slice", "SliceCell", "SliceInput", "compute_slice"]
 
@@ -77,6 +77,9 @@ class Slice:
     notes: tuple[str, ...] = field(default=())
     #: the session-made files the slice writes on its way (and the artifact's own path)
     makes: tuple[str, ...] = ()
+    #: files its cells read in the session that are not the artifact's inputs (their bytes
+    #: do not reach it, as the lineage found), which the cells still open to run
+    context: tuple[SliceInput, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +90,8 @@ class Slice:
                       "inputs": tuple(SliceInput(**i) for i in data["inputs"]),
                       "unsupported": tuple(data.get("unsupported", ())),
                       "notes": tuple(data.get("notes", ())),
-                      "makes": tuple(data.get("makes", ()))})
+                      "makes": tuple(data.get("makes", ())),
+                      "context": tuple(SliceInput(**i) for i in data.get("context", ()))})
 
     def __repr__(self) -> str:
         return (f"Slice(artifact_id={self.artifact_id!r}, cells={len(self.cells)} of "
@@ -106,6 +110,10 @@ class Slice:
             lines.append(f"It is written at: {self.source_path}")
         lines.append("Inputs it needs (path, sha256):" if self.inputs else "Inputs: none")
         lines += [f"  {i.path}  {i.sha256}" for i in self.inputs]
+        if self.context:
+            lines.append("Also opened by its cells, but not inputs of the artifact (path, "
+                         "sha256):")
+            lines += [f"  {i.path}  {i.sha256}" for i in self.context]
         lines += [f"Not re-derivable here: {u}" for u in self.unsupported]
         lines += list(self.notes)
         return lines
@@ -161,6 +169,8 @@ class _Cell:
     code: str
     status: str = "running"
     names: CellNames | None = None
+    #: (path, sha256) of the workspace files it read, as its ``inputs_kept`` recorded
+    read: tuple[tuple[str, str], ...] = ()
 
     def analysed(self) -> CellNames:
         if self.names is None:
@@ -247,6 +257,9 @@ def compute_slice(ledger: Ledger, artifact_id: str) -> Slice:
     kept = _close_over_definitions(cells, by_id, targets, why, trimmed)
     ordered = sorted(kept, key=lambda cid: by_id[cid].seq)
     inputs = tuple(SliceInput(p, s) for (p, s) in leaves if (p, s) not in made)
+    named = {i.path for i in inputs} | {p for p, _ in made}
+    context = tuple(SliceInput(p, s) for p, s in dict.fromkeys(
+        r for cid in ordered for r in by_id[cid].read) if p not in named)
     producing = by_id[row["cell_id"]]
     return Slice(
         artifact_id=artifact_id, filename=row["filename"], source_path=row["source_path"],
@@ -256,7 +269,7 @@ def compute_slice(ledger: Ledger, artifact_id: str) -> Slice:
                               c.status,
                               "; ".join(dict.fromkeys(why.get(c.cell_id, ["defines names"]))))
                     for c in (by_id[cid] for cid in ordered)),
-        inputs=inputs, unsupported=tuple(dict.fromkeys(unsupported)),
+        inputs=inputs, context=context, unsupported=tuple(dict.fromkeys(unsupported)),
         makes=tuple(dict.fromkeys([*(p for p, _ in made if p != "None"),
                                    *([row["source_path"]] if row["source_path"] else [])])),
         session_cells=sum(1 for c in cells if c.seq <= producing.seq))
@@ -276,7 +289,34 @@ def _session_cells(ledger: Ledger, session: str) -> list[_Cell]:
                                code if isinstance(code, str) else "")
         elif cid in cells:
             cells[cid].status = str(body.get("status"))
+            kept = body.get("inputs_kept")
+            if isinstance(kept, dict):
+                cells[cid].read = tuple(
+                    (str(e[0]), str(e[1])) for key in ("kept", "by_hash_only")
+                    for e in kept.get(key, ()) if isinstance(e, list) and len(e) >= 2)
     return list(cells.values())
+
+
+def _dotted(node: ast.expr) -> str:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    elif isinstance(node, ast.Call):
+        parts.append(_dotted(node.func) + "()")
+    return ".".join(reversed(parts))
+
+
+def _side_effect(stmt: ast.stmt) -> bool:
+    """A statement kept for what it does rather than what it binds: a call on its own
+    (``threading.Thread(target=f).start()``, ``os.chdir(d)``) that is not known to be
+    pure (``print``, ``len``)."""
+    if not isinstance(stmt, ast.Expr):
+        return False
+    value = stmt.value.value if isinstance(stmt.value, ast.Await) else stmt.value
+    return isinstance(value, ast.Call) and not is_pure(_dotted(value.func))
 
 
 def _statements_for(code: str, wanted: set[str]) -> tuple[str, set[str]]:
@@ -297,7 +337,7 @@ def _statements_for(code: str, wanted: set[str]) -> tuple[str, set[str]]:
         names = cell_names(segment)
         if isinstance(stmt, (ast.Import, ast.ImportFrom)) and not names.defined & local:
             continue
-        if not (_provides(names) & local):
+        if not (_provides(names) & local) and not _side_effect(stmt):
             continue
         keep.append(stmt)
         local |= _needs(names)
