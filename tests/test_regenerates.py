@@ -426,3 +426,29 @@ def test_recorded_inputs_are_placed_from_the_store_and_missing_ones_are_named(
     assert (code, ok) == ("regeneration_differs", False)
     assert "data/gone.csv" in message and "the record does not hold" in message, message
     assert "/etc/hostname" in message
+    # The right bytes from a command the Host could not confine vouch for nothing.
+    code, ok, message = _judge(0, {"command": "python -m pkg.report", "outcome": "passed",
+                                   "confined": False, "exit_status": 0}, plan)
+    assert (code, ok) == ("regeneration_differs", False)
+    assert "could not confine" in message
+    code, ok, _ = _judge(0, {"command": "python -m pkg.report", "outcome": "passed",
+                             "confined": True, "exit_status": 0}, plan)
+    assert (code, ok) == ("regeneration_differs", True)
+
+
+def test_an_unconfined_regeneration_is_refused_through_a_real_cell(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without Landlock the command could read the artifact's bytes wherever the kernel
+    left them: the right bytes from it vouch for nothing."""
+    monkeypatch.setenv("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with Host(ws, mode="reusable_pipeline") as h:
+        h._evidence_cell = build_package(h)  # type: ignore[attr-defined]
+        save(h, "pkg/report.py", REPORT)
+        save(h, "data/n.csv", DATA)
+        command = "python -m pkg.report data/n.csv out/sums.txt"
+        artifact = bash_then_save(h, command, "out/sums.txt")
+        result = submit(h, [{"command": command, "artifacts": [artifact]}], "pkg/report.py")
+    assert result.refused_with("regeneration_differs"), result
+    assert "could not confine" in result.failed["regeneration_differs"]

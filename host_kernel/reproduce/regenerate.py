@@ -395,6 +395,11 @@ def _judge(i: int, section: Mapping[str, Any], plan: RegenPlan) -> Finding:
     placed = len(plan.inputs.get("placed") or [])
     world = "the declared files" + (f" and {placed} recorded input{'s' if placed != 1 else ''}"
                                     if placed else "")
+    if outcome == "passed" and section.get("confined") is False:
+        return (CODE, False, (f"{label}: it wrote the claimed bytes, but the Host could not "
+                              f"confine it here (no sandbox policy), so it could have copied "
+                              f"them from anywhere the kernel left them; an unconfined "
+                              f"regeneration vouches for nothing"))
     if outcome == "passed":
         shown = ", ".join(f"{o.get('path')} ({str(o.get('artifact_id'))[:8]}…)"
                           for o in outputs[:10])

@@ -91,6 +91,9 @@ CHECKS: dict[str, str] = {
     "environment_unavailable": "the distributions the session installed, which the Host "
                                "installs again itself, are available from the configured "
                                "index or wheelhouse, or the tests pass without them",
+    "not_rederived": "with rederive=True, each artifact the output claims is re-derived by "
+                     "the Host from its slice, in a fresh confined kernel on the recorded "
+                     "input bytes, with the same sha256",
 }
 
 #: Codes of checks that read the agent's command string and printed output. Reproduction
