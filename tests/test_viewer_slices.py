@@ -194,7 +194,7 @@ def test_the_latest_rederivation_is_shown_with_its_outcome_and_not_needed(
                         "rederivation")
     assert re.search(r'<span class="badge big good rederived" id="rederived-outcome">'
                      r'reproduced</span>', part)
-    assert "identical (26 bytes)" in part
+    assert "the same sha256" in part
     assert "ran 4 of 5 cells" in part
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", part)  # when it ran
     # the second, minimal run is the latest: it says which inputs were not needed

@@ -316,10 +316,13 @@ class Host:
         (docs/lineage.md, "Re-derivation"). The outcome is recorded in this session's record
         (``artifact_rederived``)."""
         self._require_open()
-        ledger = self.ledger
-        assert ledger is not None
-        result = rederive(ledger, self.record.blobs, artifact_id, fresh_host, minimal=minimal,
-                          tolerance=tolerance, timeout=timeout, progress=progress)
+        trusted = self.record.trusted_projection()  # this session's events, as written
+        try:
+            result = rederive(trusted, self.record.blobs, artifact_id, fresh_host,
+                              minimal=minimal, tolerance=tolerance, timeout=timeout,
+                              progress=progress)
+        finally:
+            trusted.close()
         self.record.append("artifact_rederived", result.record_body())
         return result
 
@@ -327,10 +330,15 @@ class Host:
     def _rederive_for_submission(self, artifact_id: str,
                                  progress: Callable[[str], None]) -> Rederivation:
         """``submit_output(rederive=True)``: the verdict records the outcome itself."""
-        ledger = self.ledger
-        assert ledger is not None
-        result: Rederivation = in_own_thread(lambda: rederive(
-            ledger, self.record.blobs, artifact_id, fresh_host, progress=progress))
+        def run() -> Rederivation:
+            trusted = self.record.trusted_projection()
+            try:
+                return rederive(trusted, self.record.blobs, artifact_id, fresh_host,
+                                progress=progress)
+            finally:
+                trusted.close()
+
+        result: Rederivation = in_own_thread(run)
         return result
 
 
