@@ -13,7 +13,8 @@ can act on. The tree::
     ├── SubmissionRefused       submit_output checks failed (carries the Verdict)
     ├── RecordError             the record cannot be read or is inconsistent
     │   ├── RecordRefused       a reader or writer will not use the record as it is (store/base.py)
-    │   └── ForeignEventError   events behind the Host's back stop its next append (store/base.py)
+    │   ├── ForeignEventError   events behind the Host's back stop its next append (store/base.py)
+    │   └── StoreUnavailable    the ledger did not answer within the Host's store_patience
     └── KernelError             the kernel could not be started or reached
         └── ConfinementError    confinement required but unavailable, or impossible as asked
 
@@ -22,7 +23,10 @@ Some refusals share a class and differ by code: ``FileProblem`` with
 must be; refused without reading it), ``PathRefused`` with ``symlink_refused``
 (a symlink where a file, or a folder on the way, must be), and ``StorageError``
 with ``blob_missing``, ``blob_altered``, ``not_regular_file`` or
-``symlink_refused`` (a blob in the store that cannot be used as it is).
+``symlink_refused`` (a blob in the store that cannot be used as it is), or
+``store_unavailable`` (a remote blob store that did not answer within the Host's
+``store_patience``: the same code as :class:`StoreUnavailable`, so that whoever decides
+to try again later, a batch, tests one code for either store).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "PathRefused",
     "RecordError",
     "StorageError",
+    "StoreUnavailable",
     "SubmissionRefused",
     "error_for_code",
 ]
@@ -115,6 +120,15 @@ class RecordError(HostKernelError):
     code = "record_error"
 
 
+class StoreUnavailable(RecordError):
+    """A store of the record (the ledger) could not be reached, or could not answer, for
+    longer than the Host waits (``store_patience``; docs/scale.md, "When a store is
+    unavailable"): nothing was appended by the operation that raised it. Unlike a refusal
+    (wrong password, a missing table), trying again later may succeed."""
+
+    code = "store_unavailable"
+
+
 class KernelError(HostKernelError):
     """The kernel could not be started, reached, or restarted."""
 
@@ -139,6 +153,7 @@ _BY_TYPE: dict[str, type[HostKernelError]] = {
         FileProblem,
         StorageError,
         RecordError,
+        StoreUnavailable,
         KernelError,
         ConfinementError,
     )

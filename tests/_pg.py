@@ -6,6 +6,10 @@ free port and on a Unix socket in its own folder, with ``trust`` authentication 
 one superuser ``hk``; nothing outside the test run knows it is there. :func:`find_bin`
 looks for Debian's ``postgresql`` package (``/usr/lib/postgresql/<major>/bin``) and
 ``PATH``; :func:`unavailable` says why no server can run here, or None.
+
+:meth:`PgServer.halt` and :meth:`PgServer.resume` stop and start the same server (its data
+kept, on its port) and :meth:`PgServer.outage` does both in a thread, for the tests of a
+ledger that goes away under a running Host (tests/test_store_outage.py).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -81,25 +87,73 @@ class PgServer:
                                f"{(done.stderr or done.stdout)[-2000:]}")
 
     def start(self) -> PgServer:
-        initdb, pg_ctl = find_bin("initdb"), find_bin("pg_ctl")
-        assert initdb is not None and pg_ctl is not None
+        initdb = find_bin("initdb")
+        assert initdb is not None
         self._run(initdb, "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
                   "--encoding=UTF8", "--no-instructions", "-N")
+        self._launch()
+        return self
+
+    def _pg_ctl(self, *args: str, timeout: float = 120) -> None:
+        pg_ctl = find_bin("pg_ctl")
+        assert pg_ctl is not None
+        self._run(pg_ctl, "-D", str(self.data), *args, timeout=timeout)
+
+    def _launch(self) -> None:
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} "
                    f"-c unix_socket_directories={self.folder} -c fsync=on "
                    f"-c max_connections=200 -c shared_buffers=64MB")
-        self._run(pg_ctl, "-D", str(self.data), "-l", str(self.folder / "server.log"),
-                  "-o", options, "-w", "-t", "60", "start")
+        self._pg_ctl("-l", str(self.folder / "server.log"), "-o", options, "-w", "-t", "60",
+                     "start")
         self.started = True
-        return self
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server and keep its data (``fast``: sessions are told, 57P01;
+        ``immediate``: as a crash); :meth:`resume` starts it again on the same port."""
+        self._pg_ctl("-m", mode, "-w", "stop", timeout=60)
+        self.started = False
+
+    def resume(self) -> None:
+        """Start again the server :meth:`halt` stopped, with its data, on the same port."""
+        self._launch()
+
+    def outage(self, seconds: float, mode: str = "fast") -> threading.Thread:
+        """A thread, started, that halts the server, waits ``seconds`` and resumes it; join
+        it to know the server is back. What it raises is kept in ``thread.error``."""
+        def run() -> None:
+            try:
+                self.halt(mode)
+                time.sleep(seconds)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                thread.error = exc  # type: ignore[attr-defined]
+            finally:
+                try:
+                    if not self.started:
+                        self.resume()
+                except BaseException as exc:  # noqa: BLE001
+                    thread.error = exc  # type: ignore[attr-defined]
+
+        thread = threading.Thread(target=run, name="pg-outage", daemon=True)
+        thread.error = None  # type: ignore[attr-defined]
+        thread.start()
+        return thread
+
+    def password_role(self, name: str, password: str) -> str:
+        """A login role that must give ``password`` over TCP (scram-sha-256, set in
+        pg_hba.conf ahead of the trust lines); the URL that names it, without a password."""
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'")
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(f"host all {name} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        self._pg_ctl("reload")
+        return f"postgresql://{name}@127.0.0.1:{self.port}/postgres"
 
     def stop(self) -> None:
         if self.started:
-            pg_ctl = find_bin("pg_ctl")
-            assert pg_ctl is not None
             try:
-                self._run(pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop",
-                          timeout=60)
+                self._pg_ctl("-m", "immediate", "-w", "stop", timeout=60)
             finally:
                 self.started = False
         shutil.rmtree(self.folder, ignore_errors=True)

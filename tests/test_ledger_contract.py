@@ -387,7 +387,7 @@ def test_bad_ledger_arguments_are_refused_clearly(tmp_path: Path) -> None:
     with pytest.raises(BadArguments, match="ledger_key"):
         Host(tmp_path, ledger_key=b"x" * 32)
     with pytest.raises(RecordError, match="connect"):
-        Host(tmp_path, ledger="postgresql://nobody@127.0.0.1:1/none").start()
+        Host(tmp_path, ledger="postgresql://nobody@127.0.0.1:1/none", store_patience=0).start()
     assert not list(Path(tmp_path).glob("hk-*"))
 
 

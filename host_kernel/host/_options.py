@@ -23,6 +23,7 @@ from ..reproduce import Limits
 from ..reproduce.runner import DEFAULT_MEMORY
 from ..sandbox.limits import KernelLimits
 from ..store.pg import is_postgres_url
+from ..store.retry import DEFAULT_PATIENCE
 from ._keep import DEFAULT_INPUT_BUDGET
 from ._pool import HostPool
 from ._render import DEFAULT_TEXT_LIMIT
@@ -113,6 +114,12 @@ class HostOptions:
     ledger_key: bytes | None = None
     #: Where artifacts' blobs are written through to (an fsspec URL); None: local only.
     blobs: str | None = None
+    #: Seconds each operation on a PostgreSQL ledger or a remote blob store waits for the
+    #: store while it is unavailable (refused or dropped connections, a restart, 5xx,
+    #: throttling), retrying with backoff; the session pauses meanwhile. Past it the
+    #: operation fails with ``store_unavailable``. 0: no wait (docs/scale.md, "When a
+    #: store is unavailable").
+    store_patience: float = DEFAULT_PATIENCE
     #: ``codebase_change``: the git revision (commit id, branch, tag, ``HEAD~1``) the change
     #: is judged against, named by the user from outside the session and read before any
     #: kernel starts. None: the Host's own choice, trusted only when no recorded session
@@ -150,6 +157,11 @@ class HostOptions:
         if self.blobs is not None and not isinstance(self.blobs, str):
             raise BadArguments("blobs must be an fsspec URL (s3://bucket/prefix, "
                                "file:///shared/path) or None")
+        patience = self.store_patience
+        if isinstance(patience, bool) or not isinstance(patience, (int, float)) or \
+                not patience >= 0 or patience == float("inf"):
+            raise BadArguments("store_patience must be a number of seconds of at least 0 (0: "
+                               "a store that is unavailable is not waited for)")
         timeout, memory = self.reproduce_timeout, self.reproduce_memory
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float)) or timeout <= 0):

@@ -2,11 +2,13 @@
 
 Owns opening the session's stores (SQLite in the record folder or PostgreSQL by
 URL; the record folder's blobs, written through to an fsspec store when asked),
-appending events with the foreign-event check (the ledger's tail must be what
-this Host last wrote), the seq → hash anchor of everything it appended, the
-chain's head, projections the Host can vouch for, and which files open the
-record's stores (so that no confined process reads them). It does not decide
-what is appended: the session, cells, calls and submissions do.
+how long they are waited for while they are away (``store_patience``: the session
+pauses; store/retry.py), appending events with the foreign-event check (the
+ledger's tail must be what this Host last wrote), the seq → hash anchor of
+everything it appended (events the ledger found committed after their append
+raised among them), the chain's head, projections the Host can vouch for, and
+which files open the record's stores (so that no confined process reads them).
+It does not decide what is appended: the session, cells, calls and submissions do.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class SessionRecord:
         if options.ledger is None:
             ledger = SQLiteLedger(self.record_dir / "ledger.sqlite")
         else:
-            ledger = PostgresLedger(options.ledger, key=options.ledger_key)
+            ledger = PostgresLedger(options.ledger, key=options.ledger_key,
+                                    patience=options.store_patience)
         try:
             if options.blobs is None:
                 blobs = FileBlobStore(self.record_dir)
@@ -87,7 +90,8 @@ class SessionRecord:
                 from ..store.fsblobs import MirroredBlobStore
 
                 try:
-                    blobs = MirroredBlobStore(self.record_dir, options.blobs)
+                    blobs = MirroredBlobStore(self.record_dir, options.blobs,
+                                              patience=options.store_patience)
                 except ValueError as exc:  # a URL fsspec cannot use, a path it would glob
                     raise BadArguments(f"blobs: {exc}") from None
         except BaseException:
@@ -150,7 +154,12 @@ class SessionRecord:
     # ------------------------------------------------------------------ appending
 
     def append(self, kind: str, body: dict[str, Any]) -> Event:
-        """Append one event to this session, refusing once the tail is not ours."""
+        """Append one event to this session, refusing once the tail is not ours.
+
+        While the ledger is unavailable the append waits (``store_patience``; the session
+        pauses: the cell's call, or the cell's start or end, waits with it) and is not
+        made twice; past the bound it raises StoreUnavailable (``store_unavailable``),
+        naming the outage, and nothing of this event is known to be in the ledger."""
         ledger = self.ledger
         if self._foreign is not None:
             raise self._foreign
@@ -170,6 +179,12 @@ class SessionRecord:
                 f"`host-kernel audit {self.record_dir}` shows the events.", code="foreign_event")
             self._note_foreign(kind, exc)
             raise self._foreign from exc
+        if isinstance(ledger, PostgresLedger):
+            # Events whose append raised (the ledger was away past the bound) and that the
+            # ledger found committed since: this Host wrote them, so they are anchored.
+            while ledger.adopted:
+                late = ledger.adopted.pop(0)
+                self.appended[late.seq] = late.hash
         self.appended[event.seq] = event.hash
         return event
 

@@ -19,6 +19,15 @@ name. Failures of the store itself (network, permission, a missing bucket)
 are StorageError with code ``storage_error``, naming the URL without any user
 name, password or query (:func:`display_url`).
 
+Given a ``patience`` (the Host passes its ``store_patience``), a remote store waits
+for itself: an operation that fails because the store is unavailable (5xx, throttling,
+a connection refused or reset: :func:`~host_kernel.store.retry.blob_unavailable`) is
+made again with backoff, printing one line per wait, and past the bound fails with
+code ``store_unavailable``. A put is made again whole, from its source (a file is
+opened again, a stream sought back); it is content-addressed, so a put made twice
+stores the blob once, and temp keys a failed attempt could not remove are removed
+after the next put that succeeds.
+
 :class:`MirroredBlobStore` is the Host's store when it is given a remote: the
 local record folder stays the store of record (the Host captures outputs into
 its ``tmp/`` and reads blobs as files), and every blob committed there is
@@ -42,10 +51,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from .._errors import HostKernelError, StorageError
 from .blobs import CHUNK, BlobRef, BlobStore, FileBlobStore, _fsync_dir, open_regular
+from .retry import Patience, blob_unavailable, say_on_stderr
+
+T = TypeVar("T")
 
 __all__ = ["FsspecBlobStore", "MirroredBlobStore", "display_url", "open_blob_store"]
 
@@ -100,9 +112,15 @@ class FsspecBlobStore:
     Listings are never trusted for a single blob: each look at one invalidates
     the file system's listing cache for it first, so ``exists`` after a put
     (this process's or another's) is not stale.
+
+    ``patience``: seconds each operation on a remote store waits for it while it is
+    unavailable (see the module); None (the default) reports every failure at once as
+    ``storage_error``. A local file system is never waited for.
     """
 
-    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None,
+                 patience: float | None = None,
+                 say: Callable[[str], None] = say_on_stderr) -> None:
         import fsspec  # type: ignore[import-untyped]  # only remote stores need it
         from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
@@ -125,6 +143,10 @@ class FsspecBlobStore:
             raise ValueError(f"{self.url}: a blob store's path cannot contain *, ? or [")
         #: A local file system gets os-level writes: fsync, then an atomic rename.
         self.local = isinstance(fs, LocalFileSystem)
+        self._patience = None if patience is None or self.local else \
+            Patience(patience, "the blob store", say=say)
+        #: Temp keys of failed puts that could not be removed then (the store was away).
+        self._stale: set[str] = set()
         if self.local:
             with self._errors(f"create the blob store at {self.url}"):
                 os.makedirs(self._join("blobs", "sha256"), exist_ok=True)
@@ -152,6 +174,31 @@ class FsspecBlobStore:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         return StorageError(f"cannot {doing}: {self._scrub(f'{type(exc).__name__}: {reason}')}")
 
+    def _reason(self, exc: BaseException) -> str:
+        """What went wrong, in one line, without secrets: the store's own error under a
+        StorageError, else ``exc``."""
+        root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
+        text = getattr(root, "strerror", None) or str(root) or type(root).__name__
+        return self._scrub(f"{type(root).__name__}: {text}".strip().splitlines()[0])[:300]
+
+    def _waiting(self, doing: str, operation: Callable[[], T]) -> T:
+        """``operation()``, made again while the store is unavailable and the patience
+        allows (only with a ``patience``, on a remote store); past it StorageError
+        ``store_unavailable``. Refusals (a missing bucket, no permission, a blob missing
+        or altered) pass at once."""
+        if self._patience is None:
+            return operation()
+
+        def unavailable(exc: Exception) -> str | None:
+            if isinstance(exc, HostKernelError) and exc.code != "storage_error":
+                return None  # blob_missing, blob_altered, store_unavailable already…
+            return self._reason(exc) if blob_unavailable(exc) else None
+
+        def failed(message: str) -> Exception:
+            return StorageError(f"cannot {doing}: {message}", code="store_unavailable")
+
+        return self._patience.run(operation, unavailable, failed)
+
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
         """Any error of the file system (network, permission, no bucket) while ``doing``
@@ -168,6 +215,10 @@ class FsspecBlobStore:
     def put_file(self, path: str | Path) -> BlobRef:
         """Copy the file at ``path`` in. It is opened by :func:`open_regular`: a symlink is
         refused with ``symlink_refused``, a FIFO, device or folder with ``not_regular_file``."""
+        return self._waiting(f"store a blob in the blob store at {self.url}",
+                             lambda: self._put_file_once(path))
+
+    def _put_file_once(self, path: str | Path) -> BlobRef:
         try:
             src = open_regular(path)
         except HostKernelError:
@@ -175,23 +226,41 @@ class FsspecBlobStore:
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc.strerror}") from exc
         with src:
-            return self.put_stream(src)
+            return self._put_stream_once(src)
 
     def put_bytes(self, data: bytes) -> BlobRef:
         digest = hashlib.sha256(data).hexdigest()
         with self._errors(f"look up {self._label(digest)}"):
             if self._stored(digest, len(data)):
                 return BlobRef(digest, len(data))
-        return self.put_stream(io.BytesIO(data))
+        return self._waiting(f"store a blob in the blob store at {self.url}",
+                             lambda: self._put_stream_once(io.BytesIO(data)))
 
     def put_stream(self, src: BinaryIO) -> BlobRef:
         """Copy ``src`` to a temp key, hashing it on the way, and move it under its name.
 
         Memory stays at one chunk plus one upload part. Nothing is left under
         ``tmp/`` when the put returns or raises (a process killed mid-put may
-        leave one temp key, never a partial blob). An error reading ``src``
-        passes as it is (an OSError as StorageError, as FileBlobStore does).
+        leave one temp key, never a partial blob; one the store was too far away
+        to remove goes after the next put that succeeds). An error reading ``src``
+        passes as it is (an OSError as StorageError, as FileBlobStore does). While
+        the store is unavailable the put is made again from where ``src`` stood,
+        when ``src`` can seek; else once.
         """
+        try:
+            start = src.tell() if self._patience is not None and src.seekable() else None
+        except (OSError, ValueError):
+            start = None
+        if start is None:
+            return self._put_stream_once(src)
+
+        def again() -> BlobRef:
+            src.seek(start)
+            return self._put_stream_once(src)
+
+        return self._waiting(f"store a blob in the blob store at {self.url}", again)
+
+    def _put_stream_once(self, src: BinaryIO) -> BlobRef:
         hasher = hashlib.sha256()
         size = 0
         doing = f"store a blob in the blob store at {self.url}"
@@ -217,6 +286,9 @@ class FsspecBlobStore:
         except BaseException:
             self._discard(tmp)
             raise
+        for stale in sorted(self._stale):
+            self._stale.discard(stale)
+            self._discard(stale)
         return BlobRef(digest, size)
 
     @staticmethod
@@ -265,8 +337,11 @@ class FsspecBlobStore:
                 os.unlink(tmp)
             else:
                 self.fs.rm_file(tmp)
-        except Exception:  # best effort: the put's own error is the one to report
+        except FileNotFoundError:
             pass
+        except Exception:  # noqa: BLE001 - best effort: the put's own error is the one to report
+            if not self.local:
+                self._stale.add(tmp)  # removed after the next put that succeeds
 
     @staticmethod
     def _close_quietly(out: BinaryIO) -> None:
@@ -295,12 +370,16 @@ class FsspecBlobStore:
                 raise StorageError(f"{label} is missing", code="blob_missing") from None
             except OSError as exc:
                 raise StorageError(f"cannot read {label}: {exc.strerror or exc}") from None
-        with self._errors(f"read {label}"):
-            try:
-                self.fs.invalidate_cache(key)
-                return self.fs.open(key, "rb", block_size=CHUNK)  # type: ignore[no-any-return]
-            except (FileNotFoundError, IsADirectoryError):
-                raise StorageError(f"{label} is missing", code="blob_missing") from None
+
+        def opened() -> BinaryIO:
+            with self._errors(f"read {label}"):
+                try:
+                    self.fs.invalidate_cache(key)
+                    return self.fs.open(key, "rb", block_size=CHUNK)  # type: ignore[no-any-return]
+                except (FileNotFoundError, IsADirectoryError):
+                    raise StorageError(f"{label} is missing", code="blob_missing") from None
+
+        return self._waiting(f"read {label}", opened)
 
     def open(self, sha256: str) -> io.BufferedReader:
         """The blob as a file, read as it streams and verified at its end.
@@ -323,8 +402,12 @@ class FsspecBlobStore:
         ``symlink_refused``; ValueError for a name that is not a sha256 digest.
         """
         label = self._label(sha256)
-        with self._open_raw(sha256) as f, self._errors(f"read {label}"):
-            data = f.read()
+
+        def whole() -> bytes:
+            with self._open_raw(sha256) as f, self._errors(f"read {label}"):
+                return f.read()
+
+        data = whole() if self.local else self._waiting(f"read {label}", whole)
         if hashlib.sha256(data).hexdigest() != sha256:
             raise StorageError(f"{label} no longer hashes to its name; the store was altered",
                                code="blob_altered")
@@ -346,13 +429,18 @@ class FsspecBlobStore:
 
     def _remote_size(self, sha256: str) -> int | None:
         key = self.key(sha256)
-        with self._errors(f"look up {self._label(sha256)}"):
-            self.fs.invalidate_cache(key)
-            try:
-                info = self.fs.info(key)
-            except FileNotFoundError:
-                return None
-        return int(info["size"]) if info.get("type") == "file" else None
+        doing = f"look up {self._label(sha256)}"
+
+        def size() -> int | None:
+            with self._errors(doing):
+                self.fs.invalidate_cache(key)
+                try:
+                    info = self.fs.info(key)
+                except FileNotFoundError:
+                    return None
+            return int(info["size"]) if info.get("type") == "file" else None
+
+        return self._waiting(doing, size)
 
     def hash_of(self, sha256: str) -> str | None:
         """Re-hash the stored bytes, streaming; None when there are none to hash.
@@ -363,25 +451,36 @@ class FsspecBlobStore:
         "cannot tell" is not "not there".
         """
         try:
-            f = self._open_raw(sha256)
+            self.key(sha256)
         except ValueError:
             return None
-        except StorageError as exc:
-            if exc.code in ("blob_missing", "not_regular_file", "symlink_refused"):
-                return None
-            raise
-        hasher = hashlib.sha256()
-        with f, self._errors(f"read {self._label(sha256)}"):
-            while chunk := f.read(CHUNK):
-                hasher.update(chunk)
-        return hasher.hexdigest()
+
+        def hashed() -> str | None:
+            try:
+                f = self._open_raw(sha256)
+            except StorageError as exc:
+                if exc.code in ("blob_missing", "not_regular_file", "symlink_refused"):
+                    return None
+                raise
+            hasher = hashlib.sha256()
+            with f, self._errors(f"read {self._label(sha256)}"):
+                while chunk := f.read(CHUNK):
+                    hasher.update(chunk)
+            return hasher.hexdigest()
+
+        return hashed() if self.local else self._waiting(f"read {self._label(sha256)}", hashed)
 
     def __iter__(self) -> Iterator[str]:
         """Every name under ``blobs/sha256/xx/``, sorted (audit flags what is not a blob)."""
         base = self._join("blobs", "sha256")
-        with self._errors(f"list the blob store at {self.url}"):
-            self.fs.invalidate_cache(base)
-            paths = self.fs.find(base)
+        doing = f"list the blob store at {self.url}"
+
+        def listed() -> list[str]:
+            with self._errors(doing):
+                self.fs.invalidate_cache(base)
+                return list(self.fs.find(base))
+
+        paths = self._waiting(doing, listed)
         names = []
         for path in paths:
             parts = str(path)[len(base):].strip("/").split("/")
@@ -456,12 +555,14 @@ class MirroredBlobStore(FileBlobStore):
 
     def __init__(self, root: str | Path, remote: str | FsspecBlobStore, *,
                  storage_options: Mapping[str, Any] | None = None,
-                 durable: bool = True) -> None:
-        """``remote``: a URL (``storage_options`` go with it) or a store made already."""
-        if isinstance(remote, FsspecBlobStore) and storage_options:
-            raise ValueError("storage options go with a remote given as a URL")
+                 durable: bool = True, patience: float | None = None) -> None:
+        """``remote``: a URL (``storage_options`` and ``patience`` go with it) or a store
+        made already."""
+        if isinstance(remote, FsspecBlobStore) and (storage_options or patience is not None):
+            raise ValueError("storage options and patience go with a remote given as a URL")
         self.remote = (remote if isinstance(remote, FsspecBlobStore)
-                       else FsspecBlobStore(remote, storage_options=storage_options))
+                       else FsspecBlobStore(remote, storage_options=storage_options,
+                                            patience=patience))
         super().__init__(root, durable=durable)
         #: The remote's URL as it may be printed (no user, password or query).
         self.remote_url = self.remote.url

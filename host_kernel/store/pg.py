@@ -31,6 +31,14 @@ lives (:meth:`PostgresLedger.claim`); the server drops the lock when the Host's 
 dies, so another Host can tell a session whose Host is gone from one that still runs
 (:meth:`PostgresLedger.try_claim`) on any machine, and close it.
 
+A server that is away (refused connections, a restart, a dropped connection: see
+:func:`~host_kernel.store.retry.pg_unavailable`) is waited for, each operation up to the
+writer's ``patience``, on a new connection that takes this writer's sessions' locks again.
+An append is the same event on every attempt (its ``ts`` is fixed at the first), so one
+whose commit went through but whose reply was lost is found by its hash and taken as done,
+never appended twice. Just after the server starts, :meth:`~PostgresLedger.try_claim`
+does not take a session its Host may still be reconnecting to (:data:`RECONNECT_GRACE`).
+
 Readers use :meth:`PostgresLedger.open_readonly` (never a write; a view or any other
 relation standing in for a ledger table is refused) and the same checks and rebuild
 as for SQLite, per session, inside one read-only snapshot
@@ -42,8 +50,9 @@ of stored and rebuilt projections allows for exactly that.
 
 The chain and its checks, the projection and the record key are shared with the SQLite
 ledger (:mod:`~host_kernel.store.chain`, :mod:`~host_kernel.store.projection`,
-:mod:`~host_kernel.store.keys`); this module never imports it. URLs and SQL over psycopg
-are :mod:`~host_kernel.store.pgwire`'s.
+:mod:`~host_kernel.store.keys`); this module never imports it. URLs, the tables' DDL and
+SQL over psycopg are :mod:`~host_kernel.store.pgwire`'s; the waiting is
+:mod:`~host_kernel.store.retry`'s.
 """
 
 from __future__ import annotations
@@ -54,11 +63,11 @@ import hmac
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
-from .._errors import RecordError
+from .._errors import RecordError, StoreUnavailable
 from .base import ChainProblem, Event, ForeignEventError, Head, RecordRefused
 from .chain import (
     _EVENT_COLUMNS,
@@ -76,8 +85,10 @@ from .chain import (
 )
 from .keys import KEY_BYTES, KEY_ENV, _key_check, _make_key, key_path, keys_folder, read_key
 from .pgwire import (
+    SCHEMA,
     _no_nul,
     _pg_error,
+    _pg_reason,
     _pg_sql,
     _Projector,
     _row_factory,
@@ -85,6 +96,7 @@ from .pgwire import (
     redact_url,
 )
 from .projection import PROJECTION_TABLES, _serialise, project
+from .retry import Patience, pg_unavailable, say_on_stderr
 
 __all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "check_key", "is_postgres_url", "key_path",
            "keys_folder", "ledger_key", "read_key", "redact_url", "replay_problems",
@@ -94,71 +106,14 @@ __all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "check_key", "is_postgres_u
 #: The PostgreSQL schema (namespace) that holds the ledger's tables, in any database.
 PG_SCHEMA = "host_kernel"
 
-SCHEMA = """
-CREATE SEQUENCE IF NOT EXISTS events_seq;
-CREATE TABLE IF NOT EXISTS ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-    seq     BIGINT PRIMARY KEY,
-    session TEXT NOT NULL,
-    n       BIGINT NOT NULL,
-    ts      DOUBLE PRECISION NOT NULL,
-    kind    TEXT NOT NULL,
-    body    TEXT NOT NULL,
-    prev    TEXT NOT NULL,
-    hash    TEXT NOT NULL,
-    mac     TEXT,
-    UNIQUE (session, n)
-);
-CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, seq);
-CREATE TABLE IF NOT EXISTS heads (
-    session TEXT PRIMARY KEY, n BIGINT NOT NULL, hash TEXT NOT NULL, seq BIGINT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sessions (
-    session TEXT PRIMARY KEY, started DOUBLE PRECISION, ended DOUBLE PRECISION, workdir TEXT,
-    mode TEXT, armed BIGINT, request TEXT, signals TEXT, host_version TEXT, front TEXT
-);
-CREATE TABLE IF NOT EXISTS generations (
-    session TEXT, generation BIGINT, started DOUBLE PRECISION, reason TEXT, seq BIGINT,
-    PRIMARY KEY (session, generation)
-);
-CREATE TABLE IF NOT EXISTS cells (
-    cell_id TEXT PRIMARY KEY, session TEXT, generation BIGINT, seq_started BIGINT,
-    seq_finished BIGINT, code TEXT, started DOUBLE PRECISION, ended DOUBLE PRECISION,
-    status TEXT, execution_count BIGINT, outputs TEXT, frontend_cell_id TEXT, access TEXT
-);
-CREATE INDEX IF NOT EXISTS cells_by_session ON cells (session, seq_started);
-CREATE TABLE IF NOT EXISTS refusals (
-    seq BIGINT PRIMARY KEY, session TEXT, generation BIGINT, cell_id TEXT,
-    call TEXT, code TEXT, reason TEXT
-);
-CREATE INDEX IF NOT EXISTS refusals_by_session ON refusals (session);
-CREATE TABLE IF NOT EXISTS writes (
-    seq BIGINT PRIMARY KEY, session TEXT, cell_id TEXT, path TEXT, sha256 TEXT,
-    size BIGINT, op TEXT, ts DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS writes_by_path ON writes (session, path);
-CREATE TABLE IF NOT EXISTS receipts (
-    receipt_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
-    generation BIGINT, command TEXT, exit_status BIGINT, ended DOUBLE PRECISION, body TEXT
-);
-CREATE INDEX IF NOT EXISTS receipts_by_cell ON receipts (cell_id);
-CREATE INDEX IF NOT EXISTS receipts_by_session ON receipts (session);
-CREATE TABLE IF NOT EXISTS artifacts (
-    artifact_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
-    generation BIGINT, filename TEXT, sha256 TEXT, size BIGINT, media_type TEXT,
-    source_path TEXT, ts DOUBLE PRECISION, lineage TEXT
-);
-CREATE INDEX IF NOT EXISTS artifacts_by_session ON artifacts (session);
-CREATE TABLE IF NOT EXISTS loads (
-    seq BIGINT PRIMARY KEY, session TEXT, cell_id TEXT, artifact_id TEXT, path TEXT
-);
-CREATE INDEX IF NOT EXISTS loads_by_session ON loads (session);
-CREATE TABLE IF NOT EXISTS submissions (
-    submission_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
-    accepted BIGINT, body TEXT
-);
-CREATE INDEX IF NOT EXISTS submissions_by_session ON submissions (session);
-"""
+
+T = TypeVar("T")
+
+#: Seconds after the server starts during which :meth:`PostgresLedger.try_claim` leaves
+#: alone a session whose last event is older than the start: its Host, cut off by the
+#: restart, is taking its connection up again (its waits are at most
+#: :attr:`~host_kernel.store.retry.Backoff.most` seconds each).
+RECONNECT_GRACE = 60.0
 
 #: The advisory lock that serialises creating the schema (any constant of our own).
 _SCHEMA_LOCK = 0x686B5F736368656D  # "hk_schem"
@@ -191,6 +146,9 @@ class PostgresLedger:
     ``key``: the record key (default: :func:`ledger_key` of ``url``). A writer creates
     the schema if it is missing and refuses a key that is not the ledger's
     (``record_key_invalid``). :meth:`open_readonly` opens a reader that never writes.
+    ``patience``: seconds each operation waits for a server that is away (refused
+    connections, a restart) before it raises StoreUnavailable; 0 (the default here; a
+    Host passes its ``store_patience``) waits not at all.
     """
 
     #: Each session has its own chain (SQLite: one chain per file).
@@ -198,7 +156,8 @@ class PostgresLedger:
     dialect = "postgresql"
 
     def __init__(self, url: str, *, key: bytes | None = None, readonly: bool = False,
-                 connect_timeout: float = 30.0, lock_timeout: float = 120.0) -> None:
+                 connect_timeout: float = 30.0, lock_timeout: float = 120.0,
+                 patience: float = 0.0, say: Callable[[str], None] = say_on_stderr) -> None:
         try:
             import psycopg
         except ImportError:
@@ -224,16 +183,27 @@ class PostgresLedger:
         #: How long a statement waits for a lock (a session's heads row, a table) before
         #: it fails: anyone who can connect could otherwise hold one and hang the Host.
         self._lock_timeout = lock_timeout
-        self._conn = self._connect()
+        self._patience = Patience(patience, "the ledger", say=say)
+        #: The event an append is committing, until it is known to be in: its place
+        #: ``n`` and the event. After a lost reply the next attempt finds it by its hash.
+        self._pending: tuple[int, Event] | None = None
+        #: Events an append that raised (StoreUnavailable) did commit, found by a later
+        #: append: the session's writer takes them as its own (SessionRecord.append).
+        self.adopted: list[Event] = []
+        #: Sessions whose lock is to be taken again on a new connection.
+        self._reclaim: list[str] = []
+        #: (pid, backend_start) of the server's end of this connection, and of the one
+        #: before it: a lost connection the server has not noticed yet still holds locks.
+        self._backend: tuple[int, Any] | None = None
+        self._lost_backend: tuple[int, Any] | None = None
+        self._in_snapshot = False
+        self._conn: Any = None
         try:
-            if readonly:
-                self._plain_tables()  # an empty database passes: has_table says it is empty
-            else:
-                self._create_schema()
-        except BaseException as exc:
-            self._conn.close()
-            if isinstance(exc, psycopg.Error):
-                raise _pg_error(exc, "open the ledger", url) from None
+            self._patiently("connect", lambda: None)
+            self._patiently("open the ledger",
+                            self._plain_tables if readonly else self._create_schema)
+        except BaseException:
+            self.close()
             raise
 
     @classmethod
@@ -241,15 +211,50 @@ class PostgresLedger:
         """A reader: every statement runs in a read-only transaction; nothing is created."""
         return cls(url, key=key, readonly=True)
 
-    def _connect(self) -> Any:
-        """A connection set up as every statement of the ledger needs it."""
+    # -- the connection, and riding out a server that is away
+
+    def _patiently(self, doing: str, operation: Callable[[], T]) -> T:
+        """``operation()`` on a live connection (a new one, with this writer's sessions
+        taken again, when the last one dropped), again while the server is away and
+        ``patience`` allows (:class:`~host_kernel.store.retry.Patience`). A refusal is
+        RecordError naming what was being done; past the bound, StoreUnavailable."""
         psycopg = self._psycopg
-        try:
-            conn = psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
-                                   connect_timeout=max(1, int(self._connect_timeout)),
-                                   application_name="host_kernel")
-        except psycopg.Error as exc:
-            raise _pg_error(exc, "connect", self.url) from None
+
+        def attempt() -> T:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._reconnect()
+            if self._reclaim:
+                self._take_back()
+            return operation()
+
+        def unavailable(exc: Exception) -> str | None:
+            if isinstance(exc, _Lingering):
+                return str(exc)
+            if not isinstance(exc, psycopg.Error):
+                return None
+            conn = self._conn  # None: a connect failed (libpq's message alone tells)
+            lost = conn is not None and (conn.closed or conn.broken)
+            return _pg_reason(exc, self.url) if pg_unavailable(
+                exc.sqlstate, str(exc), connection_lost=lost) else None
+
+        def failed(message: str) -> Exception:
+            return StoreUnavailable(f"cannot {doing} (PostgreSQL ledger at "
+                                    f"{redact_url(self.url)}): {message}")
+
+        with self._lock:
+            try:
+                if self._in_snapshot:  # a snapshot is one transaction: never taken up again
+                    return operation()
+                return self._patience.run(attempt, unavailable, failed)
+            except psycopg.Error as exc:
+                raise _pg_error(exc, doing, self.url) from None
+
+    def _connect(self) -> Any:
+        """A connection set up as every statement of the ledger needs it (psycopg's
+        errors raised as they are: :meth:`_patiently` tells an outage from a refusal)."""
+        conn = self._psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
+                                     connect_timeout=max(1, int(self._connect_timeout)),
+                                     application_name="host_kernel")
         try:
             # The ledger's tables are always those of its own schema: a table of the same
             # name that someone made in another schema on the search path is never read.
@@ -258,19 +263,84 @@ class PostgresLedger:
             # server's or the role's default.
             conn.execute("SET extra_float_digits = 3")
             conn.execute(f"SET lock_timeout = {max(1, int(self._lock_timeout * 1000))}")
-            encoding = _one(conn.execute("SHOW server_encoding"))
+            encoding, started = conn.execute(
+                "SELECT current_setting('server_encoding'), (SELECT backend_start FROM "
+                "pg_catalog.pg_stat_activity WHERE pid = pg_backend_pid())").fetchone() or \
+                ("", None)
             if str(encoding).upper() not in ("UTF8", "UTF-8"):
                 raise RecordRefused(f"the database at {redact_url(self.url)} stores text as "
                                     f"{encoding}, not UTF8: events would not read back as "
                                     f"written", code="record_unreadable")
             if self.readonly:
                 conn.execute("SET default_transaction_read_only = on")
-        except BaseException as exc:
+        except BaseException:
             conn.close()
-            if isinstance(exc, psycopg.Error):
-                raise _pg_error(exc, "open the ledger", self.url) from None
             raise
+        self._backend = (conn.info.backend_pid, started)
         return conn
+
+    def _reconnect(self) -> None:
+        """A new connection in place of one that dropped (a server restart, a network
+        cut) or never was; the sessions this writer held are to be taken again
+        (:meth:`_take_back`) before anything else is done on it."""
+        old, self._conn = self._conn, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+            self._lost_backend = self._backend
+            self._reclaim = sorted(set(self._reclaim) | self._claimed)
+            self._claimed = set()
+        self._conn = self._connect()
+
+    def _take_back(self) -> None:
+        """Take again the lock of each session this writer held before its connection
+        dropped; each must still end where this writer left it (or with the event it was
+        committing when the reply was lost). Otherwise (another Host closed it as
+        abandoned meanwhile, or holds it) ForeignEventError, and this writer appends
+        nothing more to that session."""
+        conn = self._conn
+        for session in list(self._reclaim):
+            if not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (_lock_id(session),))):
+                lost = self._lost_backend
+                if lost is not None and self._lock_holder(session) == lost[0]:
+                    # This writer's own lost connection, which the server has not noticed is
+                    # gone: end it (the same backend, not one that took its pid since).
+                    with contextlib.suppress(self._psycopg.Error):  # else: the server will
+                        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_catalog."
+                                     "pg_stat_activity WHERE pid = %s AND backend_start = %s",
+                                     lost)
+                    raise _Lingering(f"the server still holds session {session} for this "
+                                     f"Host's lost connection")
+                self._reclaim.remove(session)
+                self._lost.add(session)
+                raise ForeignEventError(
+                    f"the connection to the ledger dropped and another Host now holds session "
+                    f"{session}; nothing more is appended to it",
+                    problems=[ChainProblem(0, "the session is held by another Host")])
+            self._reclaim.remove(session)
+            self._claimed.add(session)
+            rows = conn.execute("SELECT n, hash FROM heads WHERE session = %s",
+                                (session,)).fetchall()
+            now = Head(rows[0][0], rows[0][1]) if rows and rows[0][0] else None
+            pending = self._pending
+            ours = pending is not None and pending[1].session == session and \
+                now == Head(pending[0], pending[1].hash)
+            if now != self._known.get(session) and not ours:
+                self._lost.add(session)
+                raise ForeignEventError(
+                    f"the connection to the ledger dropped, and session {session} was changed "
+                    f"meanwhile (another Host closed it as abandoned); nothing more is "
+                    f"appended to it", problems=[ChainProblem(0 if now is None else now.seq,
+                                                              "the session's chain moved on")])
+
+    def _lock_holder(self, session: str) -> int | None:
+        """The server process that holds ``session``'s advisory lock, if any."""
+        key = _lock_id(session) & 0xFFFFFFFFFFFFFFFF
+        row = self._conn.execute(
+            "SELECT pid FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted AND "
+            "classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
+            (key >> 32, key & 0xFFFFFFFF)).fetchone()
+        return None if row is None else int(row[0])
 
     def _plain_tables(self) -> bool:
         """Whether the ledger's tables exist (False: an empty database). Refuses, with
@@ -335,15 +405,22 @@ class PostgresLedger:
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
         """Run every query inside in one read-only, repeatable-read transaction: the
-        checks and the replay of a reader see the same rows, whatever is written meanwhile."""
+        checks and the replay of a reader see the same rows, whatever is written meanwhile.
+        Its queries are not tried again on a new connection (the snapshot would not be
+        one any more): a connection lost inside it fails the read."""
         with self._lock:
-            if self._conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE:
+            conn = self._conn
+            if conn is not None and not (conn.closed or conn.broken) and \
+                    conn.info.transaction_status != self._psycopg.pq.TransactionStatus.IDLE:
                 yield  # already inside one
                 return
-            self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self._patiently("read the ledger", lambda: self._conn.execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+            self._in_snapshot = True
             try:
                 yield
             finally:
+                self._in_snapshot = False
                 try:
                     self._conn.execute("ROLLBACK")
                 except self._psycopg.Error:
@@ -357,7 +434,12 @@ class PostgresLedger:
     def append(self, session: str, kind: str, body: dict[str, Any]) -> Event:
         """Append one event to ``session``'s chain and fold it into the projections, in
         one transaction. Raises ForeignEventError, appending nothing, when events of the
-        session after this writer's known head break its chain or lack a valid MAC."""
+        session after this writer's known head break its chain or lack a valid MAC.
+
+        While the server is away the append waits (``patience``) and tries again, with
+        the same event (its ``ts`` fixed at the first attempt): an attempt whose commit
+        went through but whose reply was lost is found by its hash and is not appended
+        twice. Past the bound, StoreUnavailable."""
         if self.readonly or self._key is None:
             raise RecordRefused(f"the ledger at {redact_url(self.url)} was opened read-only",
                                 code="record_readonly")
@@ -367,103 +449,83 @@ class PostgresLedger:
                                     f"this writer's connection was down; nothing was appended",
                                     problems=[ChainProblem(0, "the session was lost")])
         text, field = _serialise(kind, body)
-        with self._lock:
-            doing = f"append {kind} to the ledger"
-            try:
-                return self._append(session, kind, body, key, text, field)
-            except self._psycopg.OperationalError as exc:
-                if not (self._conn.closed or self._conn.broken):
-                    raise _pg_error(exc, doing, self.url) from None
-            # The connection dropped (a server restart, a network cut): nothing was
-            # committed. Take it up again, once, if nothing moved while it was down.
-            self._reconnect()
-            try:
-                return self._append(session, kind, body, key, text, field)
-            except self._psycopg.Error as exc:
-                raise _pg_error(exc, doing, self.url) from None
+        ts = time.time()
+        return self._patiently(f"append {kind} to the ledger",
+                               lambda: self._append(session, kind, body, key, text, field, ts))
 
     def _append(self, session: str, kind: str, body: dict[str, Any], key: bytes, text: str,
-                field: str | None) -> Event:
-        psycopg = self._psycopg
+                field: str | None, ts: float) -> Event:
         conn = self._conn
-        try:
-            # Two round trips: the session's head (locked) with the next seq, then the
-            # event, the head moved on, the projection and the commit, pipelined.
-            with conn.pipeline(), conn.transaction():
-                head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
-                       "session = %s FOR UPDATE"
+        # Two round trips: the session's head (locked) with the next seq, then the
+        # event, the head moved on, the projection and the commit, pipelined.
+        with conn.pipeline(), conn.transaction():
+            head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
+                   "session = %s FOR UPDATE"
+            row = conn.execute(head, (session,)).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO heads VALUES (%s, 0, %s, 0) "
+                             "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
                 row = conn.execute(head, (session,)).fetchone()
-                if row is None:
-                    conn.execute("INSERT INTO heads VALUES (%s, 0, %s, 0) "
-                                 "ON CONFLICT (session) DO NOTHING", (session, GENESIS))
-                    row = conn.execute(head, (session,)).fetchone()
-                assert row is not None  # inserted just before, in this transaction
-                if type(row[0]) is not int or type(row[1]) is not str:
+            assert row is not None  # inserted just before, in this transaction
+            if type(row[0]) is not int or type(row[1]) is not str:
+                raise ForeignEventError(
+                    f"session {session}'s row in heads holds no usable head (the heads "
+                    f"table was altered); nothing was appended",
+                    problems=[ChainProblem(0, "the session's head is unreadable")])
+            # Head(n, hash): the session's last place in its chain, not a seq.
+            tail = None if row[0] == 0 else Head(row[0], row[1])
+            seq = row[2]
+            if tail != self._known.get(session) and tail is not None:
+                landed = self._landed(session, tail, key)
+                if landed is not None:
+                    if landed.hash == event_hash(landed.prev, tail.seq, session, ts, kind, text):
+                        return landed  # this append, committed by an attempt whose reply was lost
+                    self.adopted.append(landed)  # an earlier one's, which raised
+            if tail != self._known.get(session):
+                if session in self._claimed and session in self._known:
+                    # Nobody else writes a session this writer holds: whatever moved
+                    # its chain (a Host that took it over) ends this writer's part.
                     raise ForeignEventError(
-                        f"session {session}'s row in heads holds no usable head (the heads "
-                        f"table was altered); nothing was appended",
-                        problems=[ChainProblem(0, "the session's head is unreadable")])
-                # Head(n, hash): the session's last place in its chain, not a seq.
-                tail = None if row[0] == 0 else Head(row[0], row[1])
-                seq = row[2]
-                if tail != self._known.get(session):
-                    if session in self._claimed and session in self._known:
-                        # Nobody else writes a session this writer holds: whatever moved
-                        # its chain (a Host that took it over) ends this writer's part.
-                        raise ForeignEventError(
-                            f"session {session} was changed by another writer while this "
-                            f"one held it; nothing was appended",
-                            problems=[ChainProblem(0 if tail is None else tail.seq,
-                                                   "the session's chain moved on")])
-                    self._accept_others(session, key, tail)
-                n, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
-                ts = time.time()
-                digest = event_hash(prev, n, session, ts, kind, text)
-                conn.execute(
-                    "INSERT INTO events (seq, session, n, ts, kind, body, prev, hash, mac) "
-                    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                    (seq, session, n, ts, kind, text, prev, digest, event_mac(key, digest)))
-                conn.execute("UPDATE heads SET n = %s, hash = %s, seq = %s "
-                              "WHERE session = %s", (n, digest, seq, session))
-                project(_Projector(conn), seq, session, ts, kind, body,  # type: ignore[arg-type]
-                        text, field)
-        except psycopg.OperationalError:
-            raise  # append() tells a dropped connection from a refused statement
-        except psycopg.Error as exc:
-            raise _pg_error(exc, f"append {kind} to the ledger", self.url) from None
+                        f"session {session} was changed by another writer while this "
+                        f"one held it; nothing was appended",
+                        problems=[ChainProblem(0 if tail is None else tail.seq,
+                                               "the session's chain moved on")])
+                self._accept_others(session, key, tail)
+            n, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
+            digest = event_hash(prev, n, session, ts, kind, text)
+            event = Event(seq, session, ts, kind, body, prev, digest)
+            self._pending = (n, event)
+            conn.execute(
+                "INSERT INTO events (seq, session, n, ts, kind, body, prev, hash, mac) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                (seq, session, n, ts, kind, text, prev, digest, event_mac(key, digest)))
+            conn.execute("UPDATE heads SET n = %s, hash = %s, seq = %s "
+                         "WHERE session = %s", (n, digest, seq, session))
+            project(_Projector(conn), seq, session, ts, kind, body,  # type: ignore[arg-type]
+                    text, field)
+        self._pending = None
         self._known[session] = Head(n, digest)
         self._last = Head(seq, digest)
-        return Event(seq, session, ts, kind, body, prev, digest)
+        return event
 
-    def _reconnect(self) -> None:
-        """A new connection after the old one dropped: the sessions this writer held are
-        taken again, and each must still end where this writer left it. Otherwise (another
-        Host closed one as abandoned while the connection was down, or the server is still
-        gone) RecordError, and this writer appends nothing more to that session."""
-        try:
-            self._conn.close()
-        except self._psycopg.Error:
-            pass
-        self._conn = self._connect()
-        held, self._claimed = sorted(self._claimed), set()
-        for session in held:
-            if not self.try_claim(session):
-                self._lost.add(session)
-                raise ForeignEventError(
-                    f"the connection to the ledger dropped and another Host now holds session "
-                    f"{session}; nothing more is appended to it",
-                    problems=[ChainProblem(0, "the session is held by another Host")])
-            known = self._known.get(session)
-            rows = self._conn.execute("SELECT n, hash FROM heads WHERE session = %s",
-                                      (session,)).fetchall()
-            now = Head(rows[0][0], rows[0][1]) if rows and rows[0][0] else None
-            if now != known:
-                self._lost.add(session)
-                raise ForeignEventError(
-                    f"the connection to the ledger dropped, and session {session} was changed "
-                    f"meanwhile (another Host closed it as abandoned); nothing more is "
-                    f"appended to it", problems=[ChainProblem(0 if now is None else now.seq,
-                                                              "the session's chain moved on")])
+    def _landed(self, session: str, tail: Head, key: bytes) -> Event | None:
+        """The event this writer was committing when its reply was lost, if it is the
+        session's last now (``tail``): the same hash, linked to this writer's known head,
+        with a valid MAC. Taken as this writer's own: the known head moves on to it."""
+        pending = self._pending
+        if pending is None or pending[1].session != session or \
+                tail != Head(pending[0], pending[1].hash):
+            return None
+        mine = pending[1]
+        row = self._conn.execute(f"SELECT n, {_EVENT_COLUMNS} FROM events WHERE session = %s "
+                                 f"AND n = %s", (session, tail.seq)).fetchone()
+        if row is None or _link_problems(row, mine.prev, tail.seq, key) or \
+                row["hash"] != mine.hash:
+            return None  # not the event this writer made: the usual checks decide
+        self._pending = None
+        self._known[session] = tail
+        self._last = Head(row["seq"], mine.hash)
+        return Event(row["seq"], session, mine.ts, mine.kind, mine.body, mine.prev, mine.hash)
 
     def _accept_others(self, session: str, key: bytes, tail: Head | None) -> None:
         """Take events other key holders appended to ``session`` after the known head
@@ -501,25 +563,41 @@ class PostgresLedger:
         """Hold ``session`` for as long as this ledger's connection lives (an advisory lock
         the server drops when the process dies). Raises RecordError when another live
         connection holds it."""
-        if session in self._claimed:
-            return
-        if not self.try_claim(session):
+        if not self._claim(session, grace=False):
             raise RecordError(f"session {session} is held by another Host that is still "
                               f"connected to the ledger", code="session_running")
 
     def try_claim(self, session: str) -> bool:
-        """Take ``session``'s lock if no live Host holds it; whether it was taken."""
+        """Take ``session``'s lock if no live Host holds it; whether it was taken.
+
+        Just after the server started (for :data:`RECONNECT_GRACE` seconds), a session
+        whose last event is older than the server's start is not taken: its Host may be
+        waiting to connect again (docs/scale.md, "When a store is unavailable"), and the
+        restart alone must not make it look abandoned."""
+        return self._claim(session, grace=True)
+
+    def _claim(self, session: str, *, grace: bool) -> bool:
         with self._lock:
             if session in self._claimed:
                 return True
-            try:
-                taken = bool(_one(self._conn.execute("SELECT pg_try_advisory_lock(%s)",
-                                                     (_lock_id(session),))))
-            except self._psycopg.Error as exc:
-                raise _pg_error(exc, "lock a session", self.url) from None
-            if taken:
-                self._claimed.add(session)
-            return taken
+            return self._patiently("lock a session", lambda: self._take_lock(session, grace))
+
+    def _take_lock(self, session: str, grace: bool) -> bool:
+        conn = self._conn
+        lock = _lock_id(session)
+        if not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (lock,))):
+            return False
+        if grace:
+            since, started, last = conn.execute(
+                "SELECT extract(epoch FROM now() - pg_postmaster_start_time()), extract(epoch "
+                "FROM pg_postmaster_start_time()), (SELECT e.ts FROM heads h JOIN events e ON "
+                "e.seq = h.seq WHERE h.session = %s)", (session,)).fetchone()
+            if float(since) < RECONNECT_GRACE and (type(last) is not float
+                                                    or last < float(started)):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock,))
+                return False
+        self._claimed.add(session)
+        return True
 
     def release(self, session: str) -> None:
         """Give ``session``'s lock back (after closing a session whose Host died)."""
@@ -562,24 +640,28 @@ class PostgresLedger:
         return read_events(self, session)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            try:
-                # Text with U+0000 cannot be sent; it is stored as U+FFFD (see the module).
-                return list(self._conn.execute(_pg_sql(sql),
-                                               tuple(_no_nul(p) for p in params)).fetchall())
-            except self._psycopg.Error as exc:
-                raise _pg_error(exc, "read the ledger", self.url) from None
+        # Text with U+0000 cannot be sent; it is stored as U+FFFD (see the module).
+        statement, values = _pg_sql(sql), tuple(_no_nul(p) for p in params)
+        return self._patiently("read the ledger", lambda: list(
+            self._conn.execute(statement, values).fetchall()))
 
     def close(self) -> None:
         with self._lock:
             self._claimed.clear()
-            self._conn.close()
+            self._reclaim = []
+            if self._conn is not None:
+                self._conn.close()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Lingering(Exception):
+    """The server still holds a session's lock for this writer's own lost connection (it
+    has not noticed it is gone): the attempt is made again once the server lets it go."""
 
 
 def _one(cursor: Any) -> Any:

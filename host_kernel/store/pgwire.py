@@ -1,6 +1,7 @@
 """What the PostgreSQL ledger needs around psycopg, apart from the ledger itself:
-telling and redacting connection URLs, errors with their secrets taken out, and
-SQLite-style SQL and rows over a psycopg connection.
+telling and redacting connection URLs, errors with their secrets taken out, the
+ledger's tables (:data:`SCHEMA`), and SQLite-style SQL and rows over a psycopg
+connection.
 
 It never imports psycopg, so the CLI and the Host can recognise a ``postgresql://``
 URL and redact it without the driver installed. The ledger is
@@ -91,16 +92,101 @@ def _url_secrets(url: str) -> list[str]:
     return sorted({v for v in found if v}, key=len, reverse=True)
 
 
-def _pg_error(exc: Exception, doing: str, url: str) -> RecordError:
+def _pg_message(exc: Exception, url: str) -> str:
+    """The first line of ``exc``'s text, without any secret of ``url``."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # libpq quotes back the parts of a URL it cannot parse, a password among them.
     message = message.replace(url, redact_url(url))
     for secret in _url_secrets(url):
         message = message.replace(secret, "***")
-    return RecordError(f"cannot {doing} (PostgreSQL ledger at {redact_url(url)}): {message}")
+    return message
+
+
+def _pg_reason(exc: Exception, url: str) -> str:
+    """Why the server is away, in a few words (libpq's last "…failed: " cut off), for the
+    lines that say the Host waits."""
+    message = _pg_message(exc, url)
+    reason = message.rsplit("failed: ", 1)[-1].strip()
+    for severity in ("FATAL:", "ERROR:"):
+        reason = reason.removeprefix(severity).strip()
+    return reason or message
+
+
+def _pg_error(exc: Exception, doing: str, url: str) -> RecordError:
+    return RecordError(f"cannot {doing} (PostgreSQL ledger at {redact_url(url)}): "
+                       f"{_pg_message(exc, url)}")
 
 
 # --------------------------------------------------------------------------- SQL and rows
+
+#: The ledger's tables, made by its first writer in the schema :data:`~host_kernel.store.pg.
+#: PG_SCHEMA` (docs/record.md, "The PostgreSQL ledger", has what each column holds).
+SCHEMA = """
+CREATE SEQUENCE IF NOT EXISTS events_seq;
+CREATE TABLE IF NOT EXISTS ledger_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    seq     BIGINT PRIMARY KEY,
+    session TEXT NOT NULL,
+    n       BIGINT NOT NULL,
+    ts      DOUBLE PRECISION NOT NULL,
+    kind    TEXT NOT NULL,
+    body    TEXT NOT NULL,
+    prev    TEXT NOT NULL,
+    hash    TEXT NOT NULL,
+    mac     TEXT,
+    UNIQUE (session, n)
+);
+CREATE INDEX IF NOT EXISTS events_by_kind ON events (kind, seq);
+CREATE TABLE IF NOT EXISTS heads (
+    session TEXT PRIMARY KEY, n BIGINT NOT NULL, hash TEXT NOT NULL, seq BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session TEXT PRIMARY KEY, started DOUBLE PRECISION, ended DOUBLE PRECISION, workdir TEXT,
+    mode TEXT, armed BIGINT, request TEXT, signals TEXT, host_version TEXT, front TEXT
+);
+CREATE TABLE IF NOT EXISTS generations (
+    session TEXT, generation BIGINT, started DOUBLE PRECISION, reason TEXT, seq BIGINT,
+    PRIMARY KEY (session, generation)
+);
+CREATE TABLE IF NOT EXISTS cells (
+    cell_id TEXT PRIMARY KEY, session TEXT, generation BIGINT, seq_started BIGINT,
+    seq_finished BIGINT, code TEXT, started DOUBLE PRECISION, ended DOUBLE PRECISION,
+    status TEXT, execution_count BIGINT, outputs TEXT, frontend_cell_id TEXT, access TEXT
+);
+CREATE INDEX IF NOT EXISTS cells_by_session ON cells (session, seq_started);
+CREATE TABLE IF NOT EXISTS refusals (
+    seq BIGINT PRIMARY KEY, session TEXT, generation BIGINT, cell_id TEXT,
+    call TEXT, code TEXT, reason TEXT
+);
+CREATE INDEX IF NOT EXISTS refusals_by_session ON refusals (session);
+CREATE TABLE IF NOT EXISTS writes (
+    seq BIGINT PRIMARY KEY, session TEXT, cell_id TEXT, path TEXT, sha256 TEXT,
+    size BIGINT, op TEXT, ts DOUBLE PRECISION
+);
+CREATE INDEX IF NOT EXISTS writes_by_path ON writes (session, path);
+CREATE TABLE IF NOT EXISTS receipts (
+    receipt_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
+    generation BIGINT, command TEXT, exit_status BIGINT, ended DOUBLE PRECISION, body TEXT
+);
+CREATE INDEX IF NOT EXISTS receipts_by_cell ON receipts (cell_id);
+CREATE INDEX IF NOT EXISTS receipts_by_session ON receipts (session);
+CREATE TABLE IF NOT EXISTS artifacts (
+    artifact_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
+    generation BIGINT, filename TEXT, sha256 TEXT, size BIGINT, media_type TEXT,
+    source_path TEXT, ts DOUBLE PRECISION, lineage TEXT
+);
+CREATE INDEX IF NOT EXISTS artifacts_by_session ON artifacts (session);
+CREATE TABLE IF NOT EXISTS loads (
+    seq BIGINT PRIMARY KEY, session TEXT, cell_id TEXT, artifact_id TEXT, path TEXT
+);
+CREATE INDEX IF NOT EXISTS loads_by_session ON loads (session);
+CREATE TABLE IF NOT EXISTS submissions (
+    submission_id TEXT PRIMARY KEY, seq BIGINT, session TEXT, cell_id TEXT,
+    accepted BIGINT, body TEXT
+);
+CREATE INDEX IF NOT EXISTS submissions_by_session ON submissions (session);
+"""
+
 
 
 @functools.lru_cache(maxsize=512)
