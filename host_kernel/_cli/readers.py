@@ -179,6 +179,13 @@ def _audit_run(args: argparse.Namespace) -> int:
         if args.rederive:
             body["rederivations"] = [r.to_dict() for r in rederived]
         print_line(printable_json(body, ascii_only=True))
+    elif report.sessions is not None:  # a ledger: its own findings, then each session's line
+        for finding in report.findings:
+            if finding.session is None:
+                print_line(printable(str(finding), lines=True))
+        for session in report.sessions:  # its first problem quotes the record too
+            print_line(printable(session.line()))
+        print_line(report.summary())
     else:
         for finding in report.findings:  # a finding quotes the record: paths, commands
             print_line(printable(str(finding), lines=True))
@@ -188,6 +195,16 @@ def _audit_run(args: argparse.Namespace) -> int:
             print_line(f"head: {report.head}")
         print_line(report.summary())
     fatal = [f for f in report.findings if f.fatal]
+    if fatal and report.sessions is not None and fatal[0].session is not None:
+        counts = report.counts()  # the first session that is not sound, and how many are not
+        first, problem = next((s, s.problem) for s in report.sessions
+                              if s.problem is not None)
+        place = f" event {problem.session_seq} (seq {problem.seq})" \
+            if problem.session_seq is not None and problem.seq is not None else ""
+        raise CommandFailed(printable(
+            f"[{problem.code}] session {first.session}{place}: {problem.message} "
+            f"({counts['damaged']} sessions damaged, {counts['not_checked']} not checked, "
+            f"{counts['sound']} sound)"))
     unproven = [r for r in rederived if r.outcome != "reproduced"]
     if not fatal and unproven:
         more = f" (and {len(unproven) - 1} more)" if len(unproven) > 1 else ""
@@ -354,7 +371,9 @@ LS = Command(
     description=(
         "List what a record holds, read verified (a record that fails its checks is refused, "
         "exit 1). Without flags: one row per session (started, ended, mode, confinement, "
-        "generations, cells, receipts, artifacts, verdicts). --session ID lists that "
+        "generations, cells, receipts, artifacts, verdicts, and the cause of a session that "
+        "went wrong, in one line: a failed cell's refusal code and message, a refused "
+        "verdict's first failed check, a Host that died). --session ID lists that "
         "session's cells; --cells, --receipts, --artifacts or --verdicts lists rows of that "
         "kind, of every session or of --session's. A table on a terminal, plain text when "
         "piped, JSON with --json."),
