@@ -1,7 +1,10 @@
 """What ``host-kernel ls`` and ``host-kernel show`` read from a record, and how they print it.
 
 Owns listing a record's sessions, cells, receipts, artifacts and submission
-verdicts; finding any of their ids by a unique prefix; and the two ways of
+verdicts; why a session went wrong, in one line (:func:`session_cause`: a failed
+cell's refusal code and message, a refused verdict's first failed check, a Host that
+died), which ``ls`` shows and ``host-kernel batch`` reports; finding any of their
+ids by a unique prefix; and the two ways of
 printing them: tables for a person (rich; plain text, no colour, when stdout is
 not a terminal) and JSON with stable keys for a program (docs/cli.md lists
 them). Every function here reads a ledger that
@@ -24,9 +27,9 @@ from typing import Any, TextIO
 
 from .store.ledger import Ledger
 
-__all__ = ["ID_KINDS", "LIST_KINDS", "Match", "UnknownId", "find_id", "item", "list_rows",
-           "print_item", "print_json", "print_rows", "printable", "printable_json",
-           "session_id"]
+__all__ = ["ID_KINDS", "LIST_KINDS", "Cause", "Match", "UnknownId", "find_id", "item",
+           "list_rows", "print_item", "print_json", "print_rows", "printable", "printable_json",
+           "session_cause", "session_id"]
 
 #: What ``ls`` lists, each with the key column its rows are named by.
 LIST_KINDS = {"sessions": "session", "cells": "cell_id", "receipts": "receipt_id",
@@ -109,6 +112,115 @@ def session_id(ledger: Ledger, prefix: str) -> str:
     """The whole id of the one session whose id starts with ``prefix`` (UnknownId if none,
     or several)."""
     return find_id(ledger, prefix, ("session",)).id
+
+
+# --------------------------------------------------------------------------- causes
+
+#: The longest cause message kept (one line; the record has the whole text).
+CAUSE_LENGTH = 300
+#: How a HostKernelError reads in a cell's error output: ``[code] message``.
+_CODED = re.compile(r"^\[([a-z][a-z0-9_]*)\] (.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """Why a session went wrong, as the record says: ``code`` (a refusal code, a failed
+    check's code, an exception's name, or a cell's status: ``timeout``, ``kernel_died``,
+    ``interrupted``, ``host_died``) and its ``message``; ``cell_id`` the cell it happened
+    in (None for a Host that died between cells); ``call`` the host call refused there,
+    when the cell failed on a refusal. ``str()`` is the one line ``ls`` and ``batch``
+    print: ``storage_error: the record's disk is full (…) (host.save_artifact)``."""
+
+    code: str
+    message: str
+    cell_id: str | None = None
+    call: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.code}: {self.message}" + (f" (host.{self.call})" if self.call else "")
+        return printable(text)
+
+
+def _one_line(text: Any) -> str:
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    return first if len(first) <= CAUSE_LENGTH else first[:CAUSE_LENGTH - 1] + "…"
+
+
+def _cell_cause(ledger: Ledger, session: str, cell_id: str, status: str,
+                outputs: str | None, seq_finished: int | None) -> Cause:
+    if status == "error":
+        errors = [o for o in json.loads(outputs or "[]")
+                  if isinstance(o, dict) and o.get("output_type") == "error"]
+        if not errors:
+            return Cause("error", "the cell raised an error", cell_id)
+        name, value = str(errors[-1].get("ename") or "Error"), str(errors[-1].get("evalue") or "")
+        coded = _CODED.match(value.strip())
+        if coded is None:
+            return Cause(_one_line(name), _one_line(value) or "(no message)", cell_id)
+        code, message = coded.group(1), coded.group(2)
+        refused = ledger.query("SELECT call FROM refusals WHERE session = ? AND cell_id = ? "
+                               "AND code = ? AND call IS NOT NULL ORDER BY seq DESC LIMIT 1",
+                               (session, cell_id, code))
+        return Cause(code, _one_line(message), cell_id,
+                     str(refused[0][0]) if refused else None)
+    body = _event_body(ledger, "SELECT body FROM events WHERE seq = ?", (seq_finished,)) \
+        if seq_finished is not None else {}
+    if status == "host_died":
+        by = body.get("recovered_by")
+        return Cause("host_died", "the session's Host died while the cell ran" + (
+            f"; session {by} closed it" if isinstance(by, str) and by != "resume" else ""),
+            cell_id)
+    notice = _one_line(body.get("notice"))
+    return Cause(status, notice or f"the cell ended {status}", cell_id)
+
+
+def _verdict_cause(body_text: str, cell_id: str | None) -> Cause:
+    body = json.loads(body_text or "{}")
+    checks = ((body.get("verdict") or {}).get("checks") or []) if isinstance(body, dict) else []
+    for check in checks:
+        if isinstance(check, dict) and not check.get("ok") and not check.get("advisory"):
+            return Cause(_one_line(check.get("code")) or "check_failed",
+                         _one_line(check.get("message")) or "(no message)", cell_id)
+    return Cause("submission_refused", "the submission was refused", cell_id)
+
+
+def session_cause(ledger: Ledger, session: str, *, after_accepted: bool = True
+                  ) -> Cause | None:
+    """The first thing that went wrong in ``session``, read from the (verified) record:
+    a cell that did not end ``ok`` (its error's refusal code and message, or its
+    exception; its timeout, death or interruption notice), or a refused verdict (its
+    first failed blocking check), whichever the record holds first; else a Host that
+    died (``session_ended`` ``host_died``); None when nothing went wrong.
+
+    ``after_accepted`` (the default, as ``ls`` shows it) looks only past the session's
+    last accepted verdict: an agent's failed cells before its accepted completion are how
+    it worked, not why it failed.
+    """
+    since = 0
+    if after_accepted:
+        since = int(ledger.query("SELECT coalesce(max(seq), 0) FROM submissions WHERE "
+                                 "session = ? AND accepted", (session,))[0][0])
+    cells = ledger.query("SELECT cell_id, status, outputs, seq_finished FROM cells WHERE "
+                         "session = ? AND status NOT IN ('ok', 'running') AND seq_finished > ? "
+                         "ORDER BY seq_finished LIMIT 1", (session, since))
+    verdicts = ledger.query("SELECT cell_id, body, seq FROM submissions WHERE session = ? AND "
+                            "NOT accepted AND seq > ? ORDER BY seq LIMIT 1", (session, since))
+    if verdicts and (not cells or int(verdicts[0]["seq"]) < int(cells[0]["seq_finished"])):
+        return _verdict_cause(verdicts[0]["body"], verdicts[0]["cell_id"])
+    if cells:
+        c = cells[0]
+        return _cell_cause(ledger, session, str(c["cell_id"]), str(c["status"]), c["outputs"],
+                           c["seq_finished"])
+    died = ledger.query("SELECT body FROM events WHERE session = ? AND kind = 'session_ended' "
+                        "AND seq > ? ORDER BY seq DESC LIMIT 1", (session, since))
+    if died:
+        body = json.loads(died[0][0] or "{}")
+        if isinstance(body, dict) and body.get("reason") == "host_died":
+            by = body.get("recovered_by")
+            return Cause("host_died", "the session's Host died" + (
+                f"; session {by} closed it" if isinstance(by, str) and by != "resume" else ""))
+    return None
 
 
 # --------------------------------------------------------------------------- rows
@@ -208,7 +320,12 @@ def list_rows(ledger: Ledger, kind: str, session: str | None = None,
         clauses.append(f"{_SESSION_COLUMN[kind]} = ?")
         args.append(session)
     sql = _SQL[kind] + (" WHERE " + " AND ".join(clauses) if clauses else "") + " " + _ORDER[kind]
-    return [_row(kind, r) for r in ledger.query(sql, args)]
+    rows = [_row(kind, r) for r in ledger.query(sql, args)]
+    if kind == "sessions":
+        for row in rows:
+            cause = session_cause(ledger, row["session"])
+            row["cause"] = None if cause is None else str(cause)
+    return rows
 
 
 # --------------------------------------------------------------------------- one item
@@ -314,7 +431,7 @@ _COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "sessions": (("session", "session"), ("started", "started"), ("ended", "ended"),
                  ("mode", "mode"), ("confinement", "confinement"),
                  ("generations", "gens"), ("cells", "cells"), ("receipts", "receipts"),
-                 ("artifacts", "artifacts"), ("submissions", "verdicts")),
+                 ("artifacts", "artifacts"), ("submissions", "verdicts"), ("cause", "cause")),
     "cells": (("cell_id", "cell"), ("session", "session"), ("generation", "gen"),
               ("status", "status"), ("started", "started"), ("duration", "seconds"),
               ("receipts", "receipts"), ("artifacts", "artifacts"), ("first_line", "code")),
@@ -332,6 +449,8 @@ _COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
 
 _TIME_KEYS = frozenset({"started", "ended", "saved", "decided", "ts"})
 _SHORT_KEYS = frozenset({"sha256"})
+#: One line already, and bounded (:data:`CAUSE_LENGTH`): shown whole, never cut.
+_WHOLE_KEYS = frozenset({"cause"})
 _LONG = 60
 
 # --------------------------------------------------------------------------- terminal text
@@ -407,6 +526,8 @@ def _cell_text(key: str, value: Any, row: dict[str, Any], *, full: bool = False)
         return text
     if key in _SHORT_KEYS:
         return text[:12] + "…"
+    if key in _WHOLE_KEYS:
+        return text
     return text if len(text) <= _LONG else text[:_LONG - 1] + "…"
 
 
@@ -480,7 +601,7 @@ def _pairs(item: dict[str, Any], keys: Sequence[str]) -> Any:
 _ITEM_KEYS = {
     "session": ("session", "started", "ended", "end_reason", "front", "mode", "confinement",
                 "workdir", "request", "host_version", "host", "pid", "generations", "cells",
-                "running", "receipts", "artifacts", "submissions"),
+                "running", "receipts", "artifacts", "submissions", "cause"),
     "cell": ("cell_id", "session", "generation", "status", "started", "ended", "duration",
              "execution_count", "frontend_cell_id", "silent", "notice"),
     "receipt": ("receipt_id", "session", "cell_id", "generation", "command", "exit_status",

@@ -20,7 +20,7 @@ from host_kernel.store.ledger import SQLiteLedger
 
 SESSION_KEYS = ["session", "started", "ended", "end_reason", "front", "mode", "armed",
                 "confinement", "network", "generations", "cells", "running", "receipts",
-                "artifacts", "submissions", "accepted"]
+                "artifacts", "submissions", "accepted", "cause"]
 CELL_KEYS = ["cell_id", "session", "generation", "status", "started", "ended", "duration",
              "execution_count", "silent", "receipts", "artifacts", "first_line"]
 RECEIPT_KEYS = ["receipt_id", "session", "cell_id", "generation", "command", "exit_status",

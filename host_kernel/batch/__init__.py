@@ -9,41 +9,61 @@ ledger, the blob store or the command line (``host-kernel batch``,
 
 What a worker does with a task, every time it is given one (an **attempt**):
 
-1. claims the next attempt folder ``<workspaces>/<name>/attempt-<n>`` (an
-   exclusive ``mkdir``: a rerun never reuses the folder of an earlier attempt)
-   and copies the task's inputs into it: the fresh workspace;
-2. starts a Host there, warm from its worker's :class:`~host_kernel.HostPool`,
+1. looks for an earlier attempt of the task whose session its record shows accepted
+   (a worker that died after the verdict): then that summary is returned, and nothing
+   runs again;
+2. claims the next attempt folder ``<workspaces>/<name>/attempt-<n>`` (an
+   exclusive ``mkdir``: a rerun never reuses the folder of an earlier attempt, nor a
+   record folder an earlier batch left) and copies the task's inputs into it: the
+   fresh workspace;
+3. starts a Host there, warm from its worker's :class:`~host_kernel.HostPool`,
    confined as every Host is, writing its record to ``<records>/<name>/attempt-<n>``,
    to the PostgreSQL ledger (``ledger=``) or, by default, to the workspace's own
    record folder; a new session each time;
-3. runs it: a notebook's non-empty code cells in order through ``Host.execute``,
+4. runs it: a notebook's non-empty code cells in order through ``Host.execute``,
    stopping at the first that fails (``error``, ``timeout`` or ``kernel_died``);
    an agent task through :func:`~host_kernel.agent.loop.run_agent`;
-4. closes the Host and returns a :class:`TaskSummary` (plain data).
+5. closes the Host and reads the session back from its record through the verified
+   reader (:mod:`._ledger`): the summary's outcome, verdicts, artifacts and head are
+   the record's word, whatever the worker's Python state held (an exception after an
+   accepted verdict leaves the task ``accepted``), and a task not accepted says why in
+   one line, its ``cause`` (the refusal code and its message);
+6. returns the :class:`TaskSummary` (plain data).
 
 Beside the attempt folder, outside the workspace (where the confined kernel cannot
-write), ``attempt-<n>.json`` says ``running`` (with the session id) from the start and
-holds the summary once the attempt finished. When a worker dies, the scheduler gives
-its tasks to another worker, up to ``retries`` times: the rerun claims the next
-attempt folder and starts a new session; the dead attempt's session, half written, is
-left to the ledger's housekeeping and listed in the summary's ``abandoned``. A task
-whose attempt had finished but whose result died with its worker is not run again:
-the rerun returns the summary its ``attempt-<n>.json`` holds. A task that only waited
-on the dead worker (no attempt folder yet) is submitted again without spending one.
+write), ``attempt-<n>.json`` says ``running`` (with the session id and its record) from
+the start and holds the summary once the attempt finished. When a worker dies, the
+scheduler gives its tasks to another worker, up to ``retries`` times: the rerun first
+reads the dead attempt's session from its record, and returns it when it was accepted;
+else it claims the next attempt folder and starts a new session; the dead attempt's
+session, half written, is left to the ledger's housekeeping and listed in the
+summary's ``abandoned``. A task whose attempt had finished but whose result died with
+its worker is not run again: the rerun returns the summary its ``attempt-<n>.json``
+holds. A task that only waited on the dead worker (no attempt folder yet), or whose
+Host could not start because a store was unavailable (:class:`TaskNotStarted`; the
+attempt's folder is removed), is submitted again without spending one.
+
+A batch run again over the same ``records`` folder, or continued in its own workspaces
+folder (``resume=True``, ``host-kernel batch --resume DIR``), skips each task an earlier
+session of which its record shows accepted (``skipped``) and runs the rest.
 
 Outcomes: ``accepted``; ``failed`` (the work ran and was not accepted); ``error``
 (it could not run: the Host did not start, the provider failed, the worker died more
-often than ``retries`` allows). A notebook is accepted when no code cell failed (as
-above) and every ``host.submit_output`` it made was accepted; a notebook that submits nothing
-is accepted on its cells alone (as ``host-kernel exec`` exits 0). An agent task is
-accepted when its session ended with an accepted completion.
+often than ``retries`` allows, its record could not be read back). A notebook is
+accepted when no code cell failed (as above) and every ``host.submit_output`` it made
+was accepted; a notebook that submits nothing is accepted on its cells alone (as
+``host-kernel exec`` exits 0). An agent task is accepted when its session ended with an
+accepted completion, which its record holds.
 
 Errors (the tree is drawn in :mod:`._errors`): :class:`BatchError`, the batch cannot run
 as asked; :class:`TaskInvalid`, a task that cannot run; :class:`SchedulerUnreachable`, no
-Dask scheduler answered.
+Dask scheduler answered; :class:`TaskNotStarted`, what a worker raises to have a task
+submitted again.
 
 Layout: this root only re-exports. :mod:`._tasks` (Task, task files, the checks made
-before anything starts), :mod:`._summary` (TaskSummary, BatchResult), :mod:`._worker`
+before anything starts, the task list kept for ``--resume``), :mod:`._summary`
+(TaskSummary, BatchResult), :mod:`._status` (attempt status files), :mod:`._ledger` (the
+record's word on a session, and a task's earlier accepted sessions), :mod:`._worker`
 (Settings, run_task: one attempt, on a worker), :mod:`._plugin` (each worker's pool; it
 imports Dask), :mod:`._driver` (run_batch, local_cluster). ``import host_kernel.batch``
 never imports Dask: only running a batch does.
@@ -56,24 +76,22 @@ from typing import TYPE_CHECKING, Any
 from ._driver import DEFAULT_RETRIES as DEFAULT_RETRIES
 from ._driver import MAX_REQUEUES as MAX_REQUEUES
 from ._driver import local_cluster, run_batch
-from ._errors import BatchError, SchedulerUnreachable, TaskInvalid
+from ._errors import BatchError, SchedulerUnreachable, TaskInvalid, TaskNotStarted
+from ._status import _signature as _signature  # not the API: for the tests of status files
 from ._summary import OUTCOMES as OUTCOMES
 from ._summary import ArtifactBrief, BatchResult, TaskSummary, VerdictBrief
 from ._tasks import KINDS as KINDS
 from ._tasks import Task, load_tasks
 from ._worker import FAILED_STATUSES as FAILED_STATUSES
 from ._worker import Settings, run_task
-
-# Not the public API: importable here for the tests that check a status file's signature.
-from ._worker import _claim as _claim
-from ._worker import _signature as _signature
+from ._worker import _claim as _claim  # not the API: for the tests of status files
 
 if TYPE_CHECKING:
     from ._plugin import PoolPlugin
 
 __all__ = ["ArtifactBrief", "BatchError", "BatchResult", "PoolPlugin", "SchedulerUnreachable",
-           "Settings", "Task", "TaskInvalid", "TaskSummary", "VerdictBrief", "load_tasks",
-           "local_cluster", "run_batch", "run_task"]
+           "Settings", "Task", "TaskInvalid", "TaskNotStarted", "TaskSummary", "VerdictBrief",
+           "load_tasks", "local_cluster", "run_batch", "run_task"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,9 @@
 """The driver: submitting a batch's tasks to a Dask cluster and accounting for them.
 
-Owns :func:`run_batch` (check the tasks, make the settings, register each worker's pool,
-submit, report each summary as its task finishes, resubmit a task lost before it
-started, account for tasks lost with their workers), :func:`local_cluster` and the
+Owns :func:`run_batch` (check the tasks, make the settings, skip the tasks an earlier
+batch or attempt had accepted, register each worker's pool, submit, report each summary
+as its task finishes, resubmit a task lost before it started or whose Host found a store
+unavailable, account for tasks lost with their workers), :func:`local_cluster` and the
 choice of cluster. Dask is imported here only when a batch runs. It does not own what a
 worker does with a task (:mod:`._worker`) or the command line (:mod:`.commands`).
 """
@@ -19,10 +20,21 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import BatchError, SchedulerUnreachable, TaskInvalid
+from . import _ledger
+from ._errors import BatchError, SchedulerUnreachable, TaskInvalid, TaskNotStarted
+from ._status import _read_json
 from ._summary import BatchResult, TaskSummary
-from ._tasks import Task, _checked
-from ._worker import MARKER, Settings, _hidden_env, _mark, _read_json, _redact, run_task
+from ._tasks import Task, _checked, keep_tasks
+from ._worker import (
+    MARKER,
+    Settings,
+    _a_batch,
+    _hidden_env,
+    _mark,
+    _redact,
+    notebook_cells,
+    run_task,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,7 +43,8 @@ __all__ = ["DEFAULT_RETRIES", "MAX_REQUEUES", "local_cluster", "run_batch"]
 
 #: Reruns of a task whose worker died, by default.
 DEFAULT_RETRIES = 2
-#: Times a task that died queued on a worker, before it started, is submitted again.
+#: Times a task that died queued on a worker before it started, or whose Host found a
+#: store unavailable, is submitted again (without spending an attempt).
 MAX_REQUEUES = 3
 
 
@@ -93,11 +106,13 @@ def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs:
         return _distributed().LocalCluster(**options)
 
 
-def _check_roots(tasks: list[Task], root: Path, records: Path | None) -> None:
+def _check_roots(tasks: list[Task], root: Path, records: Path | None,
+                 resume: bool = False) -> None:
     """Refuse, before anything is made, workspaces and records folders a batch cannot use:
-    a file, one folder for both, a task's folder there already, or a folder a task copies
-    whole into its workspace (it would copy the batch's own folders, its record folders or
-    workspaces, into itself)."""
+    a file, one folder for both, a task's folder there already (unless ``resume``: then
+    it must be a batch's workspaces folder), or a folder a task copies whole into its
+    workspace (it would copy the batch's own folders, its record folders or workspaces,
+    into itself)."""
     for what, folder in (("workspaces", root), ("records", records)):
         if folder is not None and folder.exists() and not folder.is_dir():
             raise BatchError(f"the {what} folder {folder} is a file")
@@ -107,7 +122,10 @@ def _check_roots(tasks: list[Task], root: Path, records: Path | None) -> None:
     if records == root:
         raise BatchError(f"the records folder is the workspaces folder {root}: a task's "
                          f"record would be its own workspace, which its kernel writes")
-    taken = [t.name for t in tasks if (root / t.name).exists()]
+    if resume and not _a_batch(str(root)):
+        raise BatchError(f"{root} is not the workspaces folder of a batch; resume= continues "
+                         f"a batch in the folder it ran in")
+    taken = [] if resume else [t.name for t in tasks if (root / t.name).exists()]
     if taken:
         raise TaskInvalid(f"{root} holds workspaces of an earlier batch already (task "
                           f"{taken[0]}{' and others' if len(taken) > 1 else ''}); give a "
@@ -136,24 +154,134 @@ def _never_started(task: Task, workspaces: Path) -> bool:
     return not any((workspaces / task.name).glob("attempt-*"))
 
 
-def _lost(task: Task, exc: BaseException, workspaces: Path) -> TaskSummary:
+def _numbers(task: Task) -> list[int] | None:
+    """The cell numbers of the code cells a notebook task runs (None for an agent task)."""
+    return [n for n, _ in notebook_cells(Path(task.source))] if task.kind == "notebook" \
+        else None
+
+
+def _earlier(task: Task, settings: Settings, *, by_records: bool,
+             pg: dict[str, list[str]] | None = None
+             ) -> tuple[_ledger.Word, _ledger.Earlier] | None:
+    """An earlier session of ``task`` its record shows accepted, and its attempt: among
+    the attempts this batch's workspaces hold (by their status files; this batch's own
+    finished ones left out unless ``by_records``) and, ``by_records``, in its record
+    folders."""
+    return _ledger.accepted_earlier(
+        task, workspaces=settings.workspaces, records=settings.records,
+        ledger=settings.ledger, key=settings.ledger_key, numbers=_numbers(task),
+        skip_batch=None if by_records else settings.batch, secret=settings.secret,
+        pg=pg, by_records=by_records, patience=settings.store_patience)
+
+
+def _skipped(tasks: list[Task], settings: Settings, resume: bool) -> dict[int, TaskSummary]:
+    """The tasks an earlier batch (or an earlier attempt) accepted, by index: found from
+    their record folders under ``records`` and, with ``resume``, from the attempts in the
+    workspaces folder; each read back from its record, verified."""
+    if settings.records is None and not resume:
+        return {}
+    pg = None
+    if settings.ledger is not None and settings.records is not None:
+        pg = _ledger.ledger_sessions(settings.ledger, settings.records,
+                                     settings.store_patience)
+    out: dict[int, TaskSummary] = {}
+    for i, task in enumerate(tasks):
+        found = _earlier(task, settings, by_records=True, pg=pg)
+        if found is not None:
+            word, earlier = found
+            out[i] = _ledger.summary_of(task, word, earlier,
+                                        f"skipped: accepted in session {word.session}",
+                                        skipped=True)
+    return out
+
+
+def _lost(task: Task, exc: BaseException, settings: Settings) -> TaskSummary:
     """The summary of a task whose every attempt died with its worker (or that Dask could
-    not run at all)."""
+    not run at all): ``accepted`` when the record of one of its attempts says so (the
+    worker died after the verdict), else ``error``."""
     from distributed.scheduler import KilledWorker
 
+    workspaces = Path(settings.workspaces)
     folder = workspaces / task.name
     statuses = sorted(folder.glob("attempt-*.json")) if folder.is_dir() else []
     sessions = tuple(s["session"] for p in statuses
                      if isinstance((s := _read_json(p) or {}).get("session"), str))
     attempt = max(len(statuses), 1)
-    if isinstance(exc, KilledWorker) and not statuses:
+    if sessions:
+        with contextlib.suppress(Exception):  # a record that cannot be read: not accepted
+            found = _earlier(task, settings, by_records=False)
+            if found is not None:
+                word, earlier = found
+                return _ledger.summary_of(
+                    task, word, earlier, f"accepted in attempt {earlier.attempt} (session "
+                    f"{word.session}); its worker died after", skipped=False,
+                    abandoned=sessions)
+    if isinstance(exc, TaskNotStarted):
+        error, cause = exc.message, f"store_unavailable: {exc.message}"
+    elif isinstance(exc, KilledWorker) and not statuses:
         error = "its worker died before it started (it was queued there)"
+        cause = f"host_died: {error}"
     elif isinstance(exc, KilledWorker):
         error = f"its worker died in each of {attempt} attempts"
+        cause = f"host_died: {error}"
     else:
         error = f"{type(exc).__name__}: {exc}"[:2000]
+        cause = _ledger.one_line(exc)
     return TaskSummary(task.name, task.kind, "error", attempt, detail="lost", error=error,
-                       abandoned=sessions)
+                       abandoned=sessions, cause=cause)
+
+
+def _submit_all(client: Any, checked: list[Task], settings: Settings,
+                summaries: list[TaskSummary | None],
+                on_result: Callable[[TaskSummary], None] | None) -> None:
+    """Run each task whose summary is None on the cluster, filling in its summary as it
+    finishes: each worker's pool registered for the batch (removed at the end), a task
+    lost before it started resubmitted, one lost with its workers accounted for."""
+    from ._plugin import PoolPlugin, plugin_name
+
+    root = Path(settings.workspaces)
+    # Named for this batch: another batch on the cluster keeps its own pools.
+    plugin = PoolPlugin([str(root)], hide_env=_hidden_env(settings),
+                        name=plugin_name(settings.batch))
+    client.register_plugin(plugin, name=plugin.name)
+    futures: dict[Any, int] = {}
+    requeued = [0] * len(checked)
+
+    def submit(i: int) -> Any:
+        task = checked[i]
+        future = client.submit(run_task, task, settings, pure=False,
+                               key=f"host-kernel-{settings.batch}-{i}.{requeued[i]}-{task.name}")
+        futures[future] = i
+        return future
+
+    try:
+        pending = _distributed().as_completed([submit(i) for i in range(len(checked))
+                                               if summaries[i] is None])
+        for future in pending:
+            i = futures[future]
+            if future.status == "finished":
+                summary = future.result()
+            elif requeued[i] < MAX_REQUEUES and (
+                    isinstance(future.exception(), TaskNotStarted)
+                    or (_killed(future) and _never_started(checked[i], root))):
+                # It was waiting on a worker that died, or its Host found a store
+                # unavailable (after the store's own retries): no attempt was made, so
+                # none is spent (the scheduler counts a dead worker all the same).
+                requeued[i] += 1
+                pending.add(submit(i))
+                future.release()
+                continue
+            else:
+                summary = _lost(checked[i], future.exception() or RuntimeError(
+                    future.status), settings)
+            future.release()
+            summaries[i] = summary
+            if on_result is not None:
+                on_result(summary)
+    finally:
+        client.cancel([f for f, i in futures.items() if summaries[i] is None])
+        with contextlib.suppress(Exception):  # a closing cluster may not answer
+            client.unregister_worker_plugin(plugin.name)
 
 
 def run_batch(
@@ -172,6 +300,8 @@ def run_batch(
     max_steps: int | None = None,
     connect_timeout: float = 10.0,
     on_result: Callable[[TaskSummary], None] | None = None,
+    resume: bool = False,
+    store_patience: float | None = None,
 ) -> BatchResult:
     """Run every task as a task of a Dask cluster and return their summaries.
 
@@ -190,8 +320,17 @@ def run_batch(
     path. ``retries``: how often a task whose worker died is run again (for the
     LocalCluster made here; another cluster's scheduler keeps its own
     ``distributed.scheduler.allowed-failures``). ``cell_timeout`` bounds each cell,
-    ``max_steps`` each agent session. ``on_result`` is called with each summary as its
+    ``max_steps`` each agent session. ``store_patience``: how long each notebook task's
+    Host waits for a ledger or blob store that is unavailable (``HostOptions``' option;
+    None: its default), and how long reading a record back does. ``on_result`` is called with each summary as its
     task finishes, in the order they finish.
+
+    A task is not run again when an earlier session of it was accepted, as its record
+    says (read back verified): one whose record folder ``records/<name>/attempt-N`` an
+    earlier batch left (a rerun over the same ``records``), or, with ``resume``, one of
+    its attempts in ``workspaces`` (the folder of an earlier batch, continued: its tasks'
+    folders are used again, each next attempt taking the next number). Its summary says
+    ``skipped``, with the accepted session. The others run.
 
     Raises TaskInvalid before anything starts when a task cannot run (a task that would
     copy the workspaces or records folder into its workspace too), BatchError when the
@@ -206,6 +345,9 @@ def run_batch(
         raise BatchError("workers must be a positive number of processes")
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise BatchError("retries must be 0 or more")
+    if store_patience is not None and (isinstance(store_patience, bool) or not isinstance(
+            store_patience, (int, float)) or not 0 <= store_patience < float("inf")):
+        raise BatchError("store_patience must be a number of seconds of at least 0")
     if ledger is not None and ledger_key is None:
         from ..store.pg import ledger_key as read_key
 
@@ -214,7 +356,7 @@ def run_batch(
                                  else tempfile.mkdtemp(prefix="hk-batch-")))
     record_root = Path(os.path.realpath(records)) if records is not None else None
     try:
-        _check_roots(checked, root, record_root)
+        _check_roots(checked, root, record_root, resume)
     except BatchError:
         if workspaces is None:
             root.rmdir()  # made empty just above: refused, the batch leaves nothing behind
@@ -229,7 +371,7 @@ def run_batch(
     batch = uuid.uuid4().hex[:12]
     settings = Settings(str(root), str(record_root) if record_root else None, ledger,
                         ledger_key, blobs, llm, cell_timeout, max_steps, skip, batch,
-                        os.urandom(32))
+                        os.urandom(32), store_patience)
     summaries: list[TaskSummary | None] = [None] * len(checked)
     with contextlib.ExitStack() as stack:
         try:
@@ -241,48 +383,14 @@ def run_batch(
                     (root / MARKER).unlink()
                     root.rmdir()
             raise
-        from ._plugin import PoolPlugin, plugin_name
-
-        # Named for this batch: another batch on the cluster keeps its own pools.
-        plugin = PoolPlugin([str(root)], hide_env=_hidden_env(settings),
-                            name=plugin_name(batch))
-        client.register_plugin(plugin, name=plugin.name)
-        futures: dict[Any, int] = {}
-        requeued = [0] * len(checked)
+        keep_tasks(root, checked, settings.records, _redact(ledger) if ledger else None)
+        for i, summary in _skipped(checked, settings, resume).items():
+            summaries[i] = summary
+            if on_result is not None:
+                on_result(summary)
         count = len(client.scheduler_info().get("workers", {}))
-
-        def submit(i: int) -> Any:
-            task = checked[i]
-            future = client.submit(run_task, task, settings, pure=False,
-                                   key=f"host-kernel-{batch}-{i}.{requeued[i]}-{task.name}")
-            futures[future] = i
-            return future
-
-        try:
-            pending = _distributed().as_completed([submit(i) for i in range(len(checked))])
-            for future in pending:
-                i = futures[future]
-                if future.status == "finished":
-                    summary = future.result()
-                elif _killed(future) and _never_started(checked[i], root) \
-                        and requeued[i] < MAX_REQUEUES:
-                    # It was waiting on a worker that died: no attempt was made, so none
-                    # is spent (the scheduler counts it as a failure all the same).
-                    requeued[i] += 1
-                    pending.add(submit(i))
-                    future.release()
-                    continue
-                else:
-                    summary = _lost(checked[i], future.exception() or RuntimeError(
-                        future.status), root)
-                future.release()
-                summaries[i] = summary
-                if on_result is not None:
-                    on_result(summary)
-        finally:
-            client.cancel([f for f, i in futures.items() if summaries[i] is None])
-            with contextlib.suppress(Exception):  # a closing cluster may not answer
-                client.unregister_worker_plugin(plugin.name)
+        if any(s is None for s in summaries):
+            _submit_all(client, checked, settings, summaries, on_result)
     done = tuple(s for s in summaries if s is not None)
     return BatchResult(done, time.monotonic() - t0, count, str(root),
                        _redact(ledger) if ledger else None)

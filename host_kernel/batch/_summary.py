@@ -42,12 +42,20 @@ class ArtifactBrief:
 class TaskSummary:
     """How one task ended, in its last attempt.
 
+    Its ``outcome``, ``verdicts``, ``artifacts`` and ``head`` are the ledger's word: read
+    back, through the verified reader, from the session's checked events once the
+    attempt ended, whatever the worker's Python state held (:mod:`._ledger`).
+
     ``record`` is where its session's record is: a record folder, or the PostgreSQL
     ledger's URL (without its password) holding ``session_id``; ``head`` the hash of the
-    session's last event as its Host wrote it. ``abandoned`` names the
+    session's last event as the ledger holds it. ``abandoned`` names the
     sessions of earlier attempts whose worker died under them. ``detail`` is one line for
-    a person (the cell that failed, the agent's ending, the refusal codes); ``error`` the
-    error's text when the outcome is ``error``.
+    a person (the cell that failed, the agent's ending, the refusal codes); ``cause`` one
+    line saying why a task was not accepted, from its record where it has one (the
+    refusal code and its message: ``storage_error: the record's disk is full (…)``, a
+    verdict's first failed check, ``host_died``), None when accepted; ``error`` the
+    error's text when the outcome is ``error``. ``skipped``: the task was not run again,
+    its session (``session_id``, of an earlier batch or attempt) was accepted already.
     """
 
     name: str
@@ -68,6 +76,8 @@ class TaskSummary:
     #: The hash of the last event the session's Host wrote (its chain's head): keep it
     #: where the ledger's writers cannot change it, to hold the record to it later.
     head: str | None = None
+    cause: str | None = None
+    skipped: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -89,8 +99,8 @@ class TaskSummary:
                                "sha256": a.sha256, "size": a.size} for a in self.artifacts],
                 "record": self.record, "workspace": self.workspace, "worker": self.worker,
                 "confinement": self.confinement, "seconds": round(self.seconds, 3),
-                "detail": self.detail, "error": self.error, "abandoned": list(self.abandoned),
-                "head": self.head}
+                "detail": self.detail, "cause": self.cause, "error": self.error,
+                "abandoned": list(self.abandoned), "head": self.head, "skipped": self.skipped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSummary:
@@ -107,7 +117,8 @@ class TaskSummary:
             worker=data.get("worker"), confinement=data.get("confinement"),
             seconds=float(data.get("seconds") or 0.0), detail=str(data.get("detail") or ""),
             error=data.get("error"), abandoned=tuple(data.get("abandoned") or ()),
-            head=data.get("head"))
+            head=data.get("head"), cause=data.get("cause"),
+            skipped=bool(data.get("skipped", False)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +143,13 @@ class BatchResult:
 
     @property
     def reruns(self) -> int:
-        """Attempts started again because a worker died under them."""
-        return sum(s.attempt - 1 for s in self.summaries)
+        """Attempts started again because a worker died under them (in this batch)."""
+        return sum(len(s.abandoned) for s in self.summaries if not s.skipped)
+
+    @property
+    def skipped(self) -> tuple[TaskSummary, ...]:
+        """The tasks not run again: accepted already, in an earlier batch or attempt."""
+        return tuple(s for s in self.summaries if s.skipped)
 
     @property
     def sessions_per_minute(self) -> float:
@@ -145,6 +161,7 @@ class BatchResult:
     def to_dict(self) -> dict[str, Any]:
         """The batch's totals (not the summaries), in plain JSON types."""
         return {"tasks": len(self.summaries), **self.counts(), "reruns": self.reruns,
+                "skipped": len(self.skipped),
                 "seconds": round(self.seconds, 3), "workers": self.workers,
                 "sessions_per_minute": round(self.sessions_per_minute, 2),
                 "workspaces": self.workspaces, "ledger": self.ledger}

@@ -1,9 +1,11 @@
 """What a batch runs: :class:`Task`, task files, and the checks made before anything starts.
 
-Owns the task value, reading a task file (:func:`load_tasks`: JSON lines or a JSON list)
-and checking a batch's tasks on the driver (:func:`_checked`: notebooks that read,
-inputs that exist, modes spelled canonically, names unique). It does not own running a
-task (:mod:`._worker`) or submitting it (:mod:`._driver`).
+Owns the task value, reading a task file (:func:`load_tasks`: JSON lines or a JSON list),
+checking a batch's tasks on the driver (:func:`_checked`: notebooks that read,
+inputs that exist, modes spelled canonically, names unique), and the list of its tasks a
+batch keeps in its workspaces folder, which ``--resume`` reads (:func:`keep_tasks`,
+:func:`kept_tasks`). It does not own running a task (:mod:`._worker`) or submitting it
+(:mod:`._driver`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 
 from ._errors import TaskInvalid
 
-__all__ = ["KINDS", "Task", "load_tasks"]
+__all__ = ["KINDS", "TASK_LIST", "Task", "keep_tasks", "kept_tasks", "load_tasks"]
 
 KINDS = ("notebook", "agent")
 #: The longest task name: it names folders (``NAME/attempt-N``).
 NAME_LENGTH = 100
+#: The batch's checked tasks, in its workspaces folder (no task's name starts with a dot).
+TASK_LIST = ".host-kernel-tasks.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +197,34 @@ def _nbformat() -> Any:
 
     return nbformat
 
+
+
+def keep_tasks(root: Path, tasks: list[Task], records: str | None, ledger: str | None) -> None:
+    """Write the batch's checked tasks, its records folder and its ledger's URL (without
+    its password) to ``root/TASK_LIST``: what ``host-kernel batch --resume ROOT`` runs."""
+    body = {"tasks": [{"kind": t.kind, "source": t.source, "inputs": list(t.inputs),
+                       "mode": t.mode, "name": t.name} for t in tasks],
+            "records": records, "ledger": ledger}
+    tmp = root / f".{TASK_LIST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(body, indent=1), encoding="utf-8")
+    os.replace(tmp, root / TASK_LIST)
+
+
+def kept_tasks(root: str | os.PathLike[str]) -> tuple[list[Task], str | None, str | None]:
+    """The tasks, records folder and ledger URL (no password) that the batch whose
+    workspaces folder is ``root`` kept. Raises TaskInvalid when ``root`` holds none."""
+    path = Path(root) / TASK_LIST
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        tasks = [Task(str(t["kind"]), str(t["source"]), tuple(str(p) for p in t["inputs"]),
+                      t.get("mode"), str(t["name"])) for t in body["tasks"]]
+        records, ledger = body.get("records"), body.get("ledger")
+    except FileNotFoundError:
+        raise TaskInvalid(f"{root} is not the workspaces folder of a batch that can be "
+                          f"resumed: it holds no {TASK_LIST}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TaskInvalid(f"cannot read the batch's task list {path}: {exc}") from None
+    if not tasks:
+        raise TaskInvalid(f"{path} holds no task")
+    return (tasks, records if isinstance(records, str) else None,
+            ledger if isinstance(ledger, str) else None)

@@ -1,9 +1,11 @@
 """The worker side: one attempt of one task, from claiming its folder to its summary.
 
 Owns :class:`Settings` (what every task of a batch is run with, sent with each task),
-:func:`run_task` (what a Dask worker runs: claim the next attempt folder, copy the inputs
-in, run the notebook or the agent on a Host from its worker's pool, write the signed
-status file) and the two runners. It does not own the pool itself (:mod:`._plugin`, which
+:func:`run_task` (what a Dask worker runs: return an earlier attempt its record shows
+accepted, or claim the next attempt folder, copy the inputs in, run the notebook or the
+agent on a Host from its worker's pool, read the session back from its record for the
+summary, write the signed status file; or give the attempt back when a store was
+unavailable at the Host's start) and the two runners. It does not own the pool itself (:mod:`._plugin`, which
 imports Dask), submitting tasks or accounting for reruns (:mod:`._driver`), the Host or
 the agent loop. The attempt protocol is in the package's docstring.
 """
@@ -13,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import hmac
-import json
 import os
 import shutil
 import time
@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import TaskInvalid
-from ._summary import ArtifactBrief, TaskSummary, VerdictBrief
+from . import _ledger
+from ._errors import TaskInvalid, TaskNotStarted
+from ._ledger import FAILED_STATUSES
+from ._status import _read_json, _signature, _signed, _write_json
+from ._summary import TaskSummary
 from ._tasks import Task, _nbformat
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..host._options import HostOptions
 
-__all__ = ["FAILED_STATUSES", "Settings", "run_task"]
+__all__ = ["FAILED_STATUSES", "Settings", "notebook_cells", "run_task"]
 
-#: Observation statuses that count as a failed cell (as ``host-kernel exec`` counts them).
-FAILED_STATUSES = frozenset({"error", "timeout", "kernel_died"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,9 @@ class Settings:
     #: Signs each finished attempt's status file: a summary is reused (its result lost
     #: with its worker) only when this batch's worker wrote it.
     secret: bytes = field(default=b"", repr=False)
+    #: How long a notebook task's Host (and reading a record back) waits for a store that
+    #: is unavailable (``HostOptions.store_patience``); None: the Host's default.
+    store_patience: float | None = None
 
 
 #: Marks a batch's workspaces folder. A folder holding it is never copied into a workspace:
@@ -79,37 +83,13 @@ def _a_batch(path: str) -> bool:
     return not os.path.islink(path) and os.path.isfile(os.path.join(path, MARKER))
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _signature(secret: bytes, summary: Any) -> str:
-    text = json.dumps(summary, sort_keys=True, separators=(",", ":"))
-    return hmac.digest(secret, text.encode("utf-8"), "sha256").hex()
-
-
-def _signed(status: dict[str, Any], secret: bytes) -> bool:
-    """Whether a finished status was written by a worker of the batch holding ``secret``."""
-    mac = status.get("mac")
-    return bool(secret) and isinstance(mac, str) and hmac.compare_digest(
-        mac, _signature(secret, status.get("summary")))
-
-
-def _claim(folder: Path, batch: str, secret: bytes = b""
+def _claim(folder: Path, batch: str, secret: bytes = b"", records: Path | None = None
            ) -> tuple[int, Path, TaskSummary | None, list[str]]:
     """The next attempt of the task whose attempts live in ``folder``: its number, its new
     workspace, the summary of an earlier attempt of ``batch`` that finished (then nothing
-    is claimed), and the sessions of earlier attempts that never finished."""
+    is claimed), and the sessions of earlier attempts that never finished. A number whose
+    record folder under ``records`` (the task's own, ``records/<name>``) holds a session
+    already, an earlier batch's, is passed over: a session never shares a record folder."""
     folder.mkdir(parents=True, exist_ok=True)
     abandoned: list[str] = []
     n = 1
@@ -119,6 +99,10 @@ def _claim(folder: Path, batch: str, secret: bytes = b""
         if status is not None and status.get("state") == "finished" \
                 and status.get("batch") == batch and _signed(status, secret):
             return n, workspace, TaskSummary.from_dict(status["summary"]), []
+        if records is not None and not workspace.exists() and \
+                _record_taken(records / f"attempt-{n}"):
+            n += 1
+            continue
         try:
             workspace.mkdir()
         except FileExistsError:
@@ -127,6 +111,21 @@ def _claim(folder: Path, batch: str, secret: bytes = b""
             n += 1
             continue
         return n, workspace, None, abandoned
+
+
+def _record_taken(folder: Path) -> bool:
+    """Whether the record folder ``folder`` holds events (a damaged ledger counts)."""
+    from ..store.base import RecordRefused
+    from ..store.sqlite import SQLiteLedger
+    from ..store.verified import event_count
+
+    if not (folder / "ledger.sqlite").exists():
+        return False
+    try:
+        with SQLiteLedger.open_readonly(folder / "ledger.sqlite") as ledger:
+            return event_count(ledger) > 0
+    except RecordRefused as exc:
+        return exc.code != "ledger_empty"
 
 
 def _copy_in(sources: Iterable[str], workspace: Path, skip: tuple[str, ...]) -> None:
@@ -186,38 +185,81 @@ def _host_options(settings: Settings, pool: Any) -> HostOptions:
     each task's kernel is kept from, the shared stores)."""
     from ..host._options import HostOptions
 
-    return HostOptions(front="batch", pool=pool, hide_paths=_hidden(settings),
-                       hide_env=_hidden_env(settings), **_store_arguments(settings))
+    options = HostOptions(front="batch", pool=pool, hide_paths=_hidden(settings),
+                          hide_env=_hidden_env(settings), **_store_arguments(settings))
+    if settings.store_patience is None:
+        return options
+    return dataclasses.replace(options, store_patience=settings.store_patience)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What the runners tell :func:`run_task` of an attempt as it goes."""
+
+    session: str | None = None
+    record: str | None = None
+    #: The session's Host started: from here on, the session is in the ledger.
+    opened: bool = False
+
+
+def notebook_cells(path: Path) -> list[tuple[int, str]]:
+    """The code cells a notebook task runs: ``(cell number, code)`` of each non-empty one."""
+    nb = _nbformat().read(path, as_version=4)
+    return [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
+            if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
 
 
 def run_task(task: Task, settings: Settings) -> TaskSummary:
     """Run one attempt of ``task`` here (in a Dask worker, with its pool; or in this process)
-    and return its summary. Never raises for the task's own failures: they are its
-    outcome."""
+    and return its summary, read back from the session's record once the attempt ended.
+    Never raises for the task's own failures: they are its outcome. An earlier attempt
+    whose session was accepted (its worker died after) is not run again: its summary is
+    returned. Raises :class:`TaskNotStarted` when the Host could not start because a
+    store was unavailable, after removing the attempt's folder."""
     t0 = time.monotonic()
     from ._plugin import plugin_name, worker_pool  # imports Dask: a worker has it
 
     pool, worker = worker_pool(plugin_name(settings.batch))
     folder = Path(settings.workspaces) / task.name
     _mark(Path(settings.workspaces))
-    attempt, workspace, finished, abandoned = _claim(folder, settings.batch, settings.secret)
+    numbers = ([n for n, _ in notebook_cells(Path(task.source))]
+               if task.kind == "notebook" else None)
+    try:
+        found = _ledger.accepted_earlier(task, workspaces=settings.workspaces,
+                                         records=settings.records, ledger=settings.ledger,
+                                         key=settings.ledger_key, numbers=numbers,
+                                         skip_batch=settings.batch, secret=settings.secret,
+                                         patience=settings.store_patience)
+    except Exception as exc:
+        if _ledger.unavailable(exc):
+            raise TaskNotStarted(f"task {task.name}: its earlier attempts could not be read, "
+                                 f"the ledger was unavailable ({_ledger.one_line(exc)})"
+                                 ) from None
+        raise
+    if found is not None:
+        word, earlier = found
+        return _ledger.summary_of(task, word, earlier, f"accepted in attempt {earlier.attempt} "
+                                  f"(session {word.session}); not run again", skipped=False)
+    records = Path(settings.records) / task.name if settings.records else None
+    attempt, workspace, finished, abandoned = _claim(folder, settings.batch, settings.secret,
+                                                     records)
     if finished is not None:
         return finished  # the result was lost with its worker, not the session
     status = folder / f"attempt-{attempt}.json"
-    record = (str(Path(settings.records) / task.name / f"attempt-{attempt}")
-              if settings.records else None)
+    record = str(records / f"attempt-{attempt}") if records is not None else None
     base = TaskSummary(task.name, task.kind, "error", attempt, workspace=str(workspace),
                        worker=worker, abandoned=tuple(abandoned))
+    state = _Attempt()
 
-    session: list[str] = []
-
-    def started(session_id: str) -> None:
-        session.append(session_id)
+    def started(session_id: str, record_dir: str) -> None:
+        state.session, state.record = session_id, record_dir
         _write_json(status, {"state": "running", "batch": settings.batch,
-                             "session": session_id, "worker": worker,
+                             "session": session_id, "record": record_dir, "worker": worker,
                              "pid": os.getpid(), "started": dt.datetime.now(
-                                 dt.timezone.utc).isoformat(timespec="seconds")})
+                                 dt.UTC).isoformat(timespec="seconds")})
 
+    ran: TaskSummary | None = None
+    failure: str | None = None
     try:
         sources = list(task.inputs)
         if task.kind == "notebook":
@@ -231,10 +273,15 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
         if task.kind == "notebook":
             _copy_notebook(Path(task.source), workspace)
         runner = _run_notebook if task.kind == "notebook" else _run_agent
-        summary = runner(task, workspace, record, settings, pool, base, started)
+        ran = runner(task, workspace, record, settings, pool, base, started, state)
     except Exception as exc:  # noqa: BLE001 - whatever stopped it is the task's outcome
-        summary = _replace(base, session_id=session[-1] if session else None,
-                           error=f"{type(exc).__name__}: {exc}"[:2000], detail="could not run")
+        if not state.opened and _ledger.unavailable(exc):
+            _release(workspace, status)
+            raise TaskNotStarted(f"task {task.name}: its Host could not start, a store was "
+                                 f"unavailable ({_ledger.one_line(exc)})") from None
+        failure = _ledger.one_line(exc)
+        base = _replace(base, error=f"{type(exc).__name__}: {exc}"[:2000])
+    summary = _read_back(task, settings, base, state, ran, failure, numbers)
     summary = _replace(summary, seconds=round(time.monotonic() - t0, 3))
     if summary.record is None and settings.ledger is not None:
         summary = _replace(summary, record=_redact(settings.ledger))
@@ -242,6 +289,44 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
     _write_json(status, {"state": "finished", "batch": settings.batch, "summary": body,
                          "mac": _signature(settings.secret, body) if settings.secret else None})
     return summary
+
+
+def _release(workspace: Path, status: Path) -> None:
+    """Give an attempt's number back: its workspace and status file removed (no session of
+    it reached the ledger), so that the task's next attempt takes the same number."""
+    shutil.rmtree(workspace, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        status.unlink()
+
+
+def _read_back(task: Task, settings: Settings, base: TaskSummary, state: _Attempt,
+               ran: TaskSummary | None, failure: str | None,
+               numbers: list[int] | None) -> TaskSummary:
+    """The attempt's summary as its session's record says: outcome, verdicts, artifacts and
+    head read back from the checked events, the runner's own view used only for what the
+    record does not hold (an agent loop's ending, the worker, the time)."""
+    if state.session is None:  # no session: the Host was never made
+        return _replace(base, detail="could not run", cause=failure)
+    try:
+        word = _ledger.read_word(state.session, folder=state.record, ledger=settings.ledger,
+                                 key=settings.ledger_key, patience=settings.store_patience)
+    except Exception as exc:  # noqa: BLE001 - a record that cannot be read back is the outcome
+        why = _ledger.one_line(exc)
+        return _replace(base, session_id=state.session, detail="its record could not be "
+                        "read back", cause=why, error=f"{base.error}; then: {why}"
+                        if base.error else why)
+    if word is None:
+        return _replace(base, session_id=state.session, detail="could not run",
+                        cause=failure or "record_missing: the session left no event in the "
+                        "record", record=state.record if settings.ledger is None else None)
+    outcome, detail, cause = _ledger.decide(task.kind, word, ran=ran, failure=failure,
+                                            numbers=numbers)
+    made = ran or base
+    return _replace(made, outcome=outcome, session_id=word.session, verdicts=word.verdicts,
+                    artifacts=word.artifacts, head=word.head, detail=detail[:500],
+                    cause=cause, confinement=word.confinement or made.confinement,
+                    record=None if settings.ledger else word.record,
+                    error=(made.error or failure or cause) if outcome == "error" else None)
 
 
 def _replace(summary: TaskSummary, **changes: Any) -> TaskSummary:
@@ -255,85 +340,45 @@ def _redact(url: str) -> str:
 
 
 def _run_notebook(task: Task, workspace: Path, record: str | None, settings: Settings,
-                  pool: Any, base: TaskSummary, started: Callable[[str], None]) -> TaskSummary:
+                  pool: Any, base: TaskSummary, started: Callable[[str, str], None],
+                  state: _Attempt) -> TaskSummary:
     from ..host._host import Host
 
-    nb = _nbformat().read(workspace / Path(task.source).name, as_version=4)
-    cells = [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
-             if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
+    cells = notebook_cells(workspace / Path(task.source).name)
     host = Host(workspace, mode=task.mode, record_dir=record,
                 options=_host_options(settings, pool))
-    started(host.session_id)
-    failed: tuple[int, str] | None = None
+    started(host.session_id, str(host.record_dir))
     with host:
-        for index, code in cells:
+        state.opened = True
+        for _, code in cells:
             obs = host.execute(code, timeout=settings.cell_timeout)
             if obs.status in FAILED_STATUSES:
-                failed = (index, obs.status)
                 break
-        verdicts = tuple(VerdictBrief(v.submission_id, v.accepted,
-                                      tuple(c.code for c in v.failed if not c.advisory))
-                         for v, _ in host.verdicts())
-        artifacts = _session_artifacts(host)
         confinement = host.confinement.status if host.confinement is not None else None
-    refused = [v for v in verdicts if not v.accepted]
-    if failed is not None:
-        outcome, detail = "failed", f"cell {failed[0]}: {failed[1]}"
-    elif refused:
-        outcome = "failed"
-        detail = "refused: " + ", ".join(dict.fromkeys(c for v in refused for c in v.refusals))
-    else:
-        outcome = "accepted"
-        detail = (f"{len(cells)} cell{'s' * (len(cells) != 1)} ok, {len(verdicts)} "
-                  f"submission{'s' * (len(verdicts) != 1)} accepted")
-    return _replace(base, outcome=outcome, session_id=host.session_id, verdicts=verdicts,
-                    artifacts=artifacts, record=None if settings.ledger else
-                    str(host.record_dir), confinement=confinement, detail=detail,
-                    head=host.head)
-
-
-def _session_artifacts(host: Any) -> tuple[ArtifactBrief, ...]:
-    """The artifacts the Host's session saved, from its ledger's projection (as the agent
-    loop reads them), before the Host closes it."""
-    if host.ledger is None:
-        return ()
-    rows = host.own_rows("SELECT artifact_id, filename, sha256, size FROM artifacts "
-                         "WHERE session = ? ORDER BY seq", (host.session_id,))
-    return tuple(ArtifactBrief(str(r["artifact_id"]), str(r["filename"]), str(r["sha256"]),
-                               int(r["size"])) for r in rows)
+    return _replace(base, session_id=host.session_id, confinement=confinement)
 
 
 def _run_agent(task: Task, workspace: Path, record: str | None, settings: Settings,
-               pool: Any, base: TaskSummary, started: Callable[[str], None]) -> TaskSummary:
+               pool: Any, base: TaskSummary, started: Callable[[str, str], None],
+               state: _Attempt) -> TaskSummary:
     from ..agent.loop import DEFAULT_MAX_STEPS, Outcome, run_agent
     from ..llm import LLMClient
 
     if settings.llm is None:
         raise TaskInvalid("an agent task needs llm= (an LLMConfig)")
-    artifacts: list[ArtifactBrief] = []
     confinement: list[str | None] = [None]
-    hosts: list[Any] = []
-
-    def progress(event: dict[str, Any]) -> None:
-        if event.get("kind") == "artifact":
-            d = event.get("data") or {}
-            artifacts.append(ArtifactBrief(str(d["artifact_id"]), str(d["filename"]),
-                                           str(d["sha256"]), int(d["size"])))
 
     def on_host(host: Any) -> None:
-        hosts.append(host)
-        started(host.session_id)
+        started(host.session_id, str(host.record_dir))
+        state.opened = True
         confinement[0] = host.confinement.status if host.confinement is not None else None
 
     with LLMClient(settings.llm) as llm:
         result = run_agent(task.source, workdir=workspace, mode=task.mode, llm=llm,
                            record_dir=record, pool=pool, spare=False,
                            max_steps=settings.max_steps or DEFAULT_MAX_STEPS,
-                           cell_timeout=settings.cell_timeout, on_progress=progress,
-                           on_host=on_host, hide_paths=_hidden(settings),
-                           **_store_arguments(settings))
-    verdicts = tuple(VerdictBrief(v.submission_id, v.accepted, tuple(v.failed))
-                     for v in result.snapshot.verdicts)
+                           cell_timeout=settings.cell_timeout, on_host=on_host,
+                           hide_paths=_hidden(settings), **_store_arguments(settings))
     if result.accepted:
         outcome = "accepted"
     else:
@@ -341,8 +386,6 @@ def _run_agent(task: Task, workspace: Path, record: str | None, settings: Settin
     detail = f"{result.outcome.value} after {result.steps} step(s)"
     if result.reason:
         detail += f": {result.reason}"
-    return _replace(base, outcome=outcome, session_id=result.session_id, verdicts=verdicts,
-                    artifacts=tuple(artifacts), record=None if settings.ledger else
-                    str(result.record_dir), confinement=confinement[0], detail=detail[:500],
-                    error=detail[:2000] if outcome == "error" else None,
-                    head=hosts[-1].head if hosts else None)
+    return _replace(base, outcome=outcome, session_id=result.session_id,
+                    confinement=confinement[0], detail=detail[:500],
+                    error=detail[:2000] if outcome == "error" else None)

@@ -1,8 +1,9 @@
 """``host-kernel batch``: many notebooks and agent tasks, each a session, on a Dask cluster.
 
-Owns the command's arguments, its progress display (a bar on a terminal, a line per
-finished task when piped, JSON lines with ``--json``), the results table and the exit
-code (0 every task accepted, 1 one was not or the batch could not run, 2 usage, 130
+Owns the command's arguments (``--resume BATCH_DIR`` among them), its progress display (a
+bar on a terminal; when not on one, whole lines only: one per update, never a bar or a
+carriage return; JSON lines with ``--json``), the results table (a task not accepted
+says why in one line, its cause) and the exit code (0 every task accepted, 1 one was not or the batch could not run, 2 usage, 130
 Ctrl-C). The work is :func:`host_kernel.batch.run_batch`; Dask is imported only when
 the command runs, so ``host-kernel --help`` works without it.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -54,7 +56,12 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: ./hk-batch-<time>); every worker must see it")
     parser.add_argument("--records", metavar="DIR", default=None,
                         help="record folders, DIR/NAME/attempt-N (default: each workspace's "
-                             "own, under $XDG_STATE_HOME/host_kernel/records/)")
+                             "own, under $XDG_STATE_HOME/host_kernel/records/); a task an "
+                             "earlier batch's record there shows accepted is skipped")
+    parser.add_argument("--resume", metavar="BATCH_DIR", default=None,
+                        help="continue the batch whose workspaces folder is BATCH_DIR: its "
+                             "own tasks, records and folders; tasks it had accepted are "
+                             "skipped, the others run as their next attempt")
     add_store_arguments(parser)
     parser.add_argument("--mode", metavar="M", default=None,
                         help="arm a task mode for every task that names none")
@@ -87,6 +94,42 @@ def _notebooks(value: str) -> list[Path]:
             raise UsageError(f"no notebooks (*.ipynb) in {path}")
         return found
     return [path]
+
+
+def _resumed(args: argparse.Namespace) -> tuple[list[Task], str | None]:
+    """``--resume BATCH_DIR``: the tasks and records folder that batch kept; the command's
+    own tasks, workspaces and records are not given with it, and its ledger is given
+    again (its password was never kept)."""
+    from ._errors import TaskInvalid
+    from ._tasks import kept_tasks
+
+    if args.sources or args.tasks is not None or args.workspaces is not None \
+            or args.mode is not None:
+        raise UsageError("--resume runs the tasks, in the folders, that batch was given: give "
+                         "no notebooks, --tasks, --workspaces or --mode with it")
+    try:
+        tasks, records, ledger = kept_tasks(args.resume)
+    except TaskInvalid as exc:
+        raise UsageError(f"--resume: {exc.message}") from None
+    if args.records is not None and (records is None or os.path.realpath(args.records)
+                                     != os.path.realpath(records)):
+        where = records or "each workspace's own record folder"
+        raise UsageError(f"--resume: that batch kept its records in {where}; give no other "
+                         f"--records")
+    if ledger is not None and args.ledger is None:
+        raise UsageError(f"--resume: that batch wrote to the ledger {ledger}; give it again "
+                         f"with --ledger (its password is not kept)")
+    if args.ledger is not None:
+        from ..store.pg import redact_url
+
+        if ledger is None or redact_url(args.ledger) != ledger:
+            raise UsageError(f"--resume: that batch wrote to "
+                             f"{'the ledger ' + ledger if ledger else 'record folders'}, "
+                             f"not to --ledger {redact_url(args.ledger)}")
+    for task in tasks:
+        if task.kind == "notebook":
+            read_notebook(Path(task.source))
+    return tasks, records
 
 
 def _tasks(args: argparse.Namespace) -> list[Task]:
@@ -169,15 +212,32 @@ def _checked_numbers(args: argparse.Namespace) -> None:
     store_options(args)  # a --ledger that is no postgresql:// URL is a usage error
 
 
+#: The detail of a task accepted as expected, left off its progress line.
+_ROUTINE = re.compile(r"^(\d+ cells? ok, \d+ submissions? accepted|accepted after \d+ "
+                      r"step\(s\))$")
+
+
+def _why(s: TaskSummary) -> str:
+    """One line: what happened and, for a task not accepted, why (its cause)."""
+    from ..browse import printable
+
+    if s.cause and s.cause not in s.detail:
+        return printable(f"{s.detail}: {s.cause}" if s.detail else s.cause)
+    return printable(s.detail or s.error or "")
+
+
 def _line(done: int, total: int, s: TaskSummary) -> str:
+    if s.skipped:
+        return f"[{done}/{total}] {s.name} ({s.kind}): {_why(s)}"
     rerun = f", attempt {s.attempt}" if s.attempt > 1 else ""
-    why = f": {s.error or s.detail}" if not s.accepted else ""
+    why = f": {_why(s)}" if not s.accepted or not _ROUTINE.match(s.detail) else ""
     return f"[{done}/{total}] {s.name} ({s.kind}): {s.outcome}{rerun}, {s.seconds:.1f} s{why}"
 
 
 class _Progress:
-    """What is shown as tasks finish: a rich bar on a terminal, a line per task when piped,
-    one JSON line per task with ``--json``."""
+    """What is shown as tasks finish: a rich bar on a terminal; anywhere else one whole line
+    per update (per task), written and flushed at once, nothing rewritten in place; one
+    JSON line per task with ``--json``."""
 
     def __init__(self, total: int, as_json: bool, out: TextIO) -> None:
         self.total, self.as_json, self.out = total, as_json, out
@@ -243,7 +303,7 @@ def _table(result: BatchResult, out: TextIO) -> None:
         session = s.session_id or "-"
         row = [s.name, s.kind, s.outcome, str(s.attempt), f"{s.seconds:.1f}",
                session[:8] if terminal else session, str(len(s.artifacts)),
-               s.error or s.detail] + ([] if terminal else [s.record or "-"])
+               _why(s)] + ([] if terminal else [s.record or "-"])
         table.add_row(*(Text(x) for x in row))
     console = Console(file=out, highlight=False, markup=False, emoji=False,
                       width=None if terminal else 1000, soft_wrap=not terminal)
@@ -256,11 +316,12 @@ def _summary_line(result: BatchResult, records: str | None) -> str:
     counts = result.counts()
     reruns = (f"; {_plural(result.reruns, 'rerun')} after a worker died"
               if result.reruns else "")
+    skipped = (f"; {len(result.skipped)} skipped (accepted earlier)" if result.skipped else "")
     where = (f"ledger {result.ledger}" if result.ledger else
              f"records in {records}" if records else "each workspace's own record")
     return (f"=== {_plural(len(result.summaries), 'task')} on "
             f"{_plural(result.workers, 'worker')}: {counts['accepted']} accepted, "
-            f"{counts['failed']} failed, {_plural(counts['error'], 'error')}{reruns}; "
+            f"{counts['failed']} failed, {_plural(counts['error'], 'error')}{skipped}{reruns}; "
             f"{result.seconds:.1f} s ({result.sessions_per_minute:.1f} sessions/min)\n"
             f"workspaces: {result.workspaces}; {where}")
 
@@ -269,9 +330,13 @@ def _run(args: argparse.Namespace) -> int:
     import datetime as dt
 
     _checked_numbers(args)
-    tasks = _tasks(args)
+    kept: str | None = None
+    if args.resume is not None:
+        tasks, kept = _resumed(args)
+    else:
+        tasks = _tasks(args)
     llm = _llm(args, tasks)
-    records = _records(args.records)
+    records = _records(args.records if args.resume is None else kept)
     from importlib.util import find_spec
 
     if find_spec("distributed") is None:
@@ -279,7 +344,7 @@ def _run(args: argparse.Namespace) -> int:
                             "pip install 'dask[distributed]'")
     from . import BatchError, SchedulerUnreachable, run_batch
 
-    workspaces = args.workspaces or (
+    workspaces = args.resume or args.workspaces or (
         f"hk-batch-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     out = sys.stdout
     progress = _Progress(len(tasks), args.json, out)
@@ -289,7 +354,7 @@ def _run(args: argparse.Namespace) -> int:
             llm=llm, workspaces=workspaces, records=records,
             retries=2 if args.retries is None else args.retries, cell_timeout=args.timeout,
             max_steps=args.max_steps, connect_timeout=args.connect_timeout,
-            on_result=progress)
+            on_result=progress, resume=args.resume is not None)
     except SchedulerUnreachable as exc:
         raise CommandFailed(exc.message) from None
     except BatchError as exc:  # a task, or a folder, the batch cannot use: found before it ran
@@ -313,9 +378,12 @@ BATCH = Command(
         "local one of --workers processes, or the one whose scheduler is at --scheduler. "
         "Each task gets a fresh workspace (its inputs copied in) and a new session of a "
         "confined Host started warm from its worker's pool; a task whose worker died runs "
-        "again, as a new session, up to --retries times. Progress as tasks finish (JSON "
-        "lines with --json), then a results table. Exit 0 when every task was accepted, 1 "
-        "when one was not (or the cluster could not be reached), 2 for usage errors."),
+        "again, as a new session, up to --retries times, unless its record shows it "
+        "accepted. A task an earlier batch's record (in --records, or in --resume "
+        "BATCH_DIR) shows accepted is skipped. Progress as tasks finish (whole lines when "
+        "not on a terminal, JSON lines with --json), then a results table giving each "
+        "failure's cause. Exit 0 when every task was accepted, 1 when one was not (or the "
+        "cluster could not be reached), 2 for usage errors."),
     add_arguments=_arguments,
     run=_run,
 )
