@@ -130,6 +130,32 @@ BAD_INPUTS: dict[str, dict[str, Bad | str]] = {
         "invalid_notebook": na("lineage reads no notebook"),
         "missing_notebook": na("lineage reads no notebook"),
     },
+    "slice": {
+        "unknown_flag": Bad(("slice", "x", "--bogus"), 2, "unrecognized arguments: --bogus",
+                            usage=True),
+        "missing_argument": Bad(("slice",), 2, "the following arguments are required",
+                                usage=True),
+        "record_is_file": Bad(("slice", "x", "--record", "{file}"), 1, "[record_missing]"),
+        "garbage_ledger": Bad(("slice", "x", "--record", "{garbage}"), 1,
+                              "[ledger_truncated]"),
+        "no_record": Bad(("slice", "x"), 1, "[record_missing]"),
+        "unknown_id": Bad(("slice", "nope", "--record", "{record}"), 2, "nope"),
+        "invalid_notebook": na("slice reads no notebook"),
+        "missing_notebook": na("slice reads no notebook"),
+    },
+    "rederive": {
+        "unknown_flag": Bad(("rederive", "x", "--bogus"), 2, "unrecognized arguments: --bogus",
+                            usage=True),
+        "missing_argument": Bad(("rederive",), 2, "the following arguments are required",
+                                usage=True),
+        "record_is_file": Bad(("rederive", "x", "--record", "{file}"), 1, "[record_missing]"),
+        "garbage_ledger": Bad(("rederive", "x", "--record", "{garbage}"), 1,
+                              "[ledger_truncated]"),
+        "no_record": Bad(("rederive", "x"), 1, "[record_missing]"),
+        "unknown_id": Bad(("rederive", "nope", "--record", "{record}"), 2, "nope"),
+        "invalid_notebook": na("rederive reads no notebook"),
+        "missing_notebook": na("rederive reads no notebook"),
+    },
     "receipt": {
         "unknown_flag": Bad(("receipt", "x", "--bogus"), 2, "unrecognized arguments: --bogus",
                             usage=True),
@@ -531,6 +557,7 @@ def _unreadable(kind: str, folder: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [["lineage", "x", "--record"], ["receipt", "x", "--record"],
+                                     ["slice", "x", "--record"], ["rederive", "x", "--record"],
                                      ["show", "x", "--record"], ["ls"], ["export"], ["audit"]],
                          ids=lambda c: c[0])
 @pytest.mark.parametrize(("kind", "code"), [
