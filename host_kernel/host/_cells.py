@@ -445,8 +445,14 @@ class CellRunner:
                     break
                 run.host_interrupted = True
                 run.status = "interrupted"
-                kernel.interrupt()
                 interrupted_at = time.monotonic()
+                try:
+                    kernel.interrupt()
+                except KeyboardInterrupt:  # a second Ctrl-C while the signal is sent
+                    run.stuck = True
+                    break
+                except Exception:  # noqa: BLE001 - the outputs so far are still collected
+                    pass
         run.outputs = collector.final
         run.dropped_chars = collector.dropped
         run.output_cut = collector.cut
