@@ -349,3 +349,27 @@ def test_a_background_writer_cannot_plant_the_artifact_in_the_rederivation(
         run_ok(host, "watcher.kill()")
     assert "REFUSED" in refused and "not_rederived" in refused, refused
     assert "differs" in refused
+
+
+def test_a_hostile_path_in_the_record_does_not_become_code_in_the_script() -> None:
+    from host_kernel.lineage.slice import Slice, SliceCell, SliceInput
+
+    hostile = 'p\\N{x}\n"""\nimport os; os.system("touch pwned")'
+    sliced = Slice("a", "f", "out.txt", "ab", "s",
+                   (SliceCell("c", 1, 1, "x = 1", "ok", f"wrote {hostile}"),),
+                   (SliceInput(hostile, "h"),))
+    script = sliced.to_script()
+    tree = compile(script, "slice.py", "exec", flags=0x400)  # ast.PyCF_ONLY_AST
+    assert [type(node).__name__ for node in tree.body] == ["Expr", "Assign"]
+
+
+def test_rederivation_refuses_to_run_a_slice_unconfined(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
+    with Host(tmp_path) as host:
+        aid = run_ok(host, "open('o.txt', 'w').write('1')\n"
+                           "print('ID', host.save_artifact('o.txt').artifact_id)"
+                     ).split("ID ")[-1].split()[0]
+        result = host.rederive(aid)
+    assert result.outcome == "failed", result.line()
+    assert "could not start a confined kernel" in result.detail

@@ -343,5 +343,7 @@ class Host:
 
 
 def fresh_host(workspace: Path, record: Path) -> Host:
-    """The Host a re-derivation runs a slice in: defaults, its own record."""
-    return Host(workspace, record_dir=record)
+    """The Host a re-derivation runs a slice in: defaults, its own record, and confined or
+    not at all: unconfined, the session's code could read the bytes it is meant to remake
+    from wherever the first run left them (and a reviewer's machine would run it bare)."""
+    return Host(workspace, record_dir=record, require_confinement=True)

@@ -199,7 +199,13 @@ def _run(sliced: Slice, blobs: FileBlobStore, start: StartHost,
                              "budget was reached): " + ", ".join(absent))
             return result
         failure: str | None = None
-        with start(workspace, record) as host:
+        try:
+            host_cm = start(workspace, record)
+            host = host_cm.__enter__()
+        except HostKernelError as exc:
+            result.detail = f"the Host could not start a confined kernel to re-run it: {exc}"
+            return result
+        with _closing(host_cm, host):
             generation = sliced.cells[0].generation if sliced.cells else 0
             for n, cell in enumerate(sliced.cells, 1):
                 if cell.generation != generation:
@@ -323,6 +329,19 @@ def _traced(host: Any) -> tuple[list[str], set[str]]:
 
 def _tail(text: str, lines: int = 12) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+class _closing(AbstractContextManager[Any]):
+    """Exit an already entered context manager (the fresh Host) when the block ends."""
+
+    def __init__(self, manager: AbstractContextManager[Any], value: Any) -> None:
+        self.manager, self.value = manager, value
+
+    def __enter__(self) -> Any:
+        return self.value
+
+    def __exit__(self, *exc: Any) -> None:
+        self.manager.__exit__(*exc)
 
 
 class _fresh(AbstractContextManager[tuple[Path, Path]]):

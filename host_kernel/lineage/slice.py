@@ -125,7 +125,10 @@ class Slice:
         from IPython.core.inputtransformer2 import TransformerManager
 
         transform = TransformerManager().transform_cell  # type: ignore[no-untyped-call]
-        out = ['"""' + "\n".join(self.header_lines()).replace('"""', "'''") + '\n"""', ""]
+        # Paths and commands come from the record: kept inside the docstring (backslashes
+        # doubled, no closing quotes) and on one line in comments, so none becomes code.
+        header = "\n".join(self.header_lines()).replace("\\", "\\\\").replace('"""', "'''")
+        out = ['"""' + header + '\n"""', ""]
         if any("host" in cell.code for cell in self.cells):
             out += ["try:", "    host  # in a host-kernel kernel: the Host's own object",
                     "except NameError:  # a plain script: local stand-ins that record nothing",
@@ -135,7 +138,8 @@ class Slice:
             if generation is not None and cell.generation != generation:
                 out.append("# --- the kernel restarted here (a new generation) ---")
             generation = cell.generation
-            out.append(f"# %% cell {cell.cell_id} (generation {cell.generation}): {cell.why}")
+            out.append(f"# %% cell {cell.cell_id} (generation {cell.generation}): "
+                       f"{_one_line(cell.why)}")
             try:
                 code = transform(cell.code)
             except Exception:  # noqa: BLE001 - keep the source as it was
@@ -159,6 +163,11 @@ class Slice:
             nb.cells.append(code)
         nb.metadata["host_kernel"] = {"slice_of": self.artifact_id, "sha256": self.sha256}
         return dict(nb)
+
+
+def _one_line(text: str) -> str:
+    """``text`` with every line break and control character shown escaped."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 @dataclass
