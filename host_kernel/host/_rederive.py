@@ -340,7 +340,7 @@ class _closing(AbstractContextManager[Any]):
     def __enter__(self) -> Any:
         return self.value
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: Any) -> None:  # noqa: PYI036 - handed on as received
         self.manager.__exit__(*exc)
 
 
