@@ -233,10 +233,11 @@ def compute_slice(ledger: Ledger, artifact_id: str) -> Slice:
             derivations.insert(0, {"path": found["source_path"] if found else None,
                                    "written_by": lineage["written_by"], "inputs": []})
         for d in derivations:
-            made.add((str(d.get("path")), str(d.get("sha256"))))
             writer = d.get("written_by") or {}
             cell = writer.get("cell")
             if isinstance(cell, str) and cell in by_id:
+                # remade by the slice; a file an earlier session made stays an input
+                made.add((str(d.get("path")), str(d.get("sha256"))))
                 what = f"wrote {d.get('path')}" + (
                     f" (with $ {writer['command']})" if writer.get("command") else "")
                 why.setdefault(cell, []).append(what)
