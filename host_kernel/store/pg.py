@@ -244,7 +244,15 @@ class PostgresLedger:
         with self._lock:
             try:
                 if self._in_snapshot:  # a snapshot is one transaction: never taken up again
-                    return operation()
+                    try:
+                        return operation()
+                    except psycopg.Error as exc:
+                        # ...but an outage is said as one, so a reader that retries whole
+                        # reads (the batch's read-back) starts its snapshot again
+                        reason = unavailable(exc)
+                        if reason is not None:
+                            raise failed(reason) from None
+                        raise
                 return self._patience.run(attempt, unavailable, failed)
             except psycopg.Error as exc:
                 raise _pg_error(exc, doing, self.url) from None

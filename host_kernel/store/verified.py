@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from .._errors import RecordError
+from .._errors import RecordError, StoreUnavailable
 from .._paths import LEDGER_NAME, LEGACY_RECORD_NAME, default_record_dir, find_record
 from .base import Ledger, RecordRefused
 from .chain import check_chain, check_macs, session_mac_problems
@@ -202,7 +202,7 @@ def open_verified(record_dir: str | Path | LedgerRecord) -> SQLiteLedger:
                               "event_unauthenticated", root)
         try:
             rebuilt = rebuild(stored)
-        except RecordRefused:
+        except (RecordRefused, StoreUnavailable):  # an outage stays one: it may be retried
             raise
         except RecordError as exc:
             raise RecordRefused(exc.message, code="record_unreadable") from exc
@@ -256,7 +256,7 @@ def open_verified_ledger(url: str, session: str | None = None, *,
                                 code="event_unauthenticated")
         try:
             rebuilt = rebuild(stored, session, key=key)
-        except RecordRefused:
+        except (RecordRefused, StoreUnavailable):  # an outage stays one: it may be retried
             raise
         except RecordError as exc:
             raise RecordRefused(exc.message, code="record_unreadable") from exc
