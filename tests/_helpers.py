@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from host_kernel import Host
 
@@ -53,3 +57,33 @@ def descendants(pid: int) -> set[int]:
         frontier = {p for p, pp in parents.items() if pp in frontier} - found
         found |= frontier
     return found
+
+
+PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@contextlib.contextmanager
+def batch_cluster(prefix: str, *, stop_tracker: bool = True) -> Iterator[Any]:
+    """A Dask client on a two-worker LocalCluster whose workers' temp folder is its own
+    (so a Host killed with its worker leaves nothing behind), with proxy variables kept
+    from the workers. ``stop_tracker``: the multiprocessing resource tracker the workers
+    start is stopped after, when it was not running before."""
+    from multiprocessing import resource_tracker
+
+    from distributed import Client
+
+    from host_kernel.batch import local_cluster
+
+    tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+    tracking = getattr(tracker, "_fd", None) is not None
+    saved = {name: os.environ.pop(name) for name in PROXIES if name in os.environ}
+    scratch = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        with local_cluster(2, retries=2, env={"TMPDIR": scratch}) as cluster, \
+                Client(cluster) as client:
+            yield client
+    finally:
+        os.environ.update(saved)
+        shutil.rmtree(scratch, ignore_errors=True)
+        if stop_tracker and not tracking:
+            tracker._stop()

@@ -29,7 +29,7 @@ from typing import Any
 import nbformat
 import pytest
 from _agent import fence, finalize, text
-from _helpers import descendants
+from _helpers import PROXIES, batch_cluster, descendants
 from distributed import Client
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from scripted_llm import RecordedRequest, ScriptedLLMServer
@@ -42,7 +42,6 @@ from host_kernel.batch import (
     TaskInvalid,
     TaskSummary,
     load_tasks,
-    local_cluster,
     run_batch,
     run_task,
 )
@@ -52,7 +51,6 @@ from host_kernel.sandbox.client import probe
 from host_kernel.store.pg import PostgresLedger
 
 REPO = Path(__file__).resolve().parent.parent
-PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 #: What every session's confinement is here: Landlock where the machine has it.
 CONFINED = "landlock" if probe(None).active else "none"
 
@@ -152,15 +150,8 @@ def worker_processes() -> Iterator[None]:
 def client(worker_processes: None) -> Iterator[Client]:
     """A two-worker LocalCluster for the module; its workers' temp folder is its own, so
     the runtime folder of a Host killed with its worker is removed with it."""
-    saved = {name: os.environ.pop(name) for name in PROXIES if name in os.environ}
-    scratch = tempfile.mkdtemp(prefix="hkb-", dir="/tmp")
-    try:
-        with local_cluster(2, retries=2, env={"TMPDIR": scratch}) as cluster, \
-                Client(cluster) as c:
-            yield c
-    finally:
-        os.environ.update(saved)
-        shutil.rmtree(scratch, ignore_errors=True)
+    with batch_cluster("hkb-", stop_tracker=False) as c:
+        yield c
 
 
 # ---------------------------------------------------------------------- (a) the batch

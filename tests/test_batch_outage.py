@@ -11,9 +11,6 @@ polled in a thread), so that it lands mid-batch however loaded the machine is.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -23,14 +20,14 @@ from typing import Self
 
 import nbformat
 import pytest
+from _helpers import batch_cluster
 from _pg import PgServer, direct_sql
 from distributed import Client
 from nbformat.v4 import new_code_cell, new_notebook
 
 from host_kernel.audit import audit_ledger
-from host_kernel.batch import Task, TaskSummary, local_cluster, run_batch
+from host_kernel.batch import Task, TaskSummary, run_batch
 
-PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 TASKS = 20
 OUTAGE = 15.0
 #: Sessions begun (a ``session_started`` event in the ledger) when the server is stopped.
@@ -59,21 +56,8 @@ def notebooks(folder: Path, n: int) -> list[Path]:
 def client() -> Iterator[Client]:
     """A two-worker LocalCluster (its workers' temp folder its own); the multiprocessing
     resource tracker its workers start is stopped after, when it was not running before."""
-    from multiprocessing import resource_tracker
-
-    tracker = resource_tracker._resource_tracker
-    tracking = getattr(tracker, "_fd", None) is not None
-    saved = {name: os.environ.pop(name) for name in PROXIES if name in os.environ}
-    scratch = tempfile.mkdtemp(prefix="hkbo-", dir="/tmp")
-    try:
-        with local_cluster(2, retries=2, env={"TMPDIR": scratch}) as cluster, \
-                Client(cluster) as c:
-            yield c
-    finally:
-        os.environ.update(saved)
-        shutil.rmtree(scratch, ignore_errors=True)
-        if not tracking:
-            tracker._stop()
+    with batch_cluster("hkbo-") as c:
+        yield c
 
 
 @pytest.fixture

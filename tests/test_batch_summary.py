@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -26,15 +24,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _helpers import batch_cluster
 from distributed import Client
 from nbformat.v4 import new_code_cell, new_notebook
 
-from host_kernel.batch import MAX_REQUEUES, Task, TaskSummary, local_cluster, run_batch
+from host_kernel.batch import MAX_REQUEUES, Task, TaskSummary, run_batch
 from host_kernel.browse import session_cause
 from host_kernel.cli import main
 from host_kernel.store.verified import open_verified, open_verified_ledger
 
-PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 DISK_FULL = ("storage_error: the record's disk is full (No space left on device); nothing "
              "was stored (host.save_artifact)")
 
@@ -60,21 +58,8 @@ SUBMITS = ("rows = [int(open('base.txt').read()), 2]",
 def client() -> Iterator[Client]:
     """A two-worker LocalCluster for the module (its workers' temp folder its own); the
     multiprocessing resource tracker its workers start is stopped after, when it was."""
-    from multiprocessing import resource_tracker
-
-    tracker = resource_tracker._resource_tracker
-    tracking = getattr(tracker, "_fd", None) is not None
-    saved = {name: os.environ.pop(name) for name in PROXIES if name in os.environ}
-    scratch = tempfile.mkdtemp(prefix="hkbs-", dir="/tmp")
-    try:
-        with local_cluster(2, retries=2, env={"TMPDIR": scratch}) as cluster, \
-                Client(cluster) as c:
-            yield c
-    finally:
-        os.environ.update(saved)
-        shutil.rmtree(scratch, ignore_errors=True)
-        if not tracking:
-            tracker._stop()
+    with batch_cluster("hkbs-") as c:
+        yield c
 
 
 @contextlib.contextmanager

@@ -373,3 +373,61 @@ def test_rederivation_refuses_to_run_a_slice_unconfined(
         result = host.rederive(aid)
     assert result.outcome == "failed", result.line()
     assert "could not start a confined kernel" in result.detail
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A workspace outside /tmp (which every confined kernel sees as a fresh, empty
+    folder): where most users' projects are, readable by any confined kernel unless the
+    Host hides it."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=".hk-rederive-test-",
+                                   dir=Path(__file__).resolve().parent.parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_slice_cannot_read_the_first_run_where_it_lies(outside_tmp: Path) -> None:
+    """The slice, run again, copies the artifact from the original workspace by its
+    absolute path when it can see it, and makes new random bytes otherwise: only a
+    re-derivation that cannot see the first run's workspace, record or private temp
+    folder tells it apart from an honest one."""
+    ws = outside_tmp
+    with Host(ws, mode="analysis_run") as host:
+        cell = (f"import os, shutil\nfirst = {str(host.workdir / 'claim.txt')!r}\n"
+                "stash = os.path.join(os.environ.get('TMPDIR', '/tmp'), 'claim.keep')\n"
+                "found = [p for p in (first, stash) if os.path.exists(p) and "
+                "os.path.realpath(p) != os.path.realpath('claim.txt')]\n"
+                "if found:\n    shutil.copy(found[0], 'claim.txt')\nelse:\n"
+                "    open('claim.txt', 'w').write(os.urandom(8).hex())\n"
+                "    shutil.copy('claim.txt', stash)\n"
+                "print('ID', host.save_artifact('claim.txt').artifact_id)")
+        aid = run_ok(host, cell).split("ID ")[-1].split()[0]
+        result = host.rederive(aid)
+        # it sees the path (Landlock hides bytes, not names) and fails to copy it
+        assert result.outcome in ("differs", "failed"), result.line()
+        refused = _submit(host, f"{{'artifacts': [{aid!r}]}}")
+    assert "REFUSED" in refused and "not_rederived" in refused, refused
+
+
+def test_a_later_rederive_cannot_read_the_first_run_where_it_lies(outside_tmp: Path) -> None:
+    """The same slice re-derived from the record after its Host closed (a reviewer's
+    `host-kernel rederive`): the first run's workspace is no live session's any more."""
+    ws = outside_tmp
+    with Host(ws) as host:
+        cell = (f"import os, shutil\nfirst = {str(host.workdir / 'claim.txt')!r}\n"
+                "if os.path.exists(first) and os.path.realpath(first) != "
+                "os.path.realpath('claim.txt'):\n    shutil.copy(first, 'claim.txt')\nelse:\n"
+                "    open('claim.txt', 'w').write(os.urandom(8).hex())\n"
+                "print('ID', host.save_artifact('claim.txt').artifact_id)")
+        aid = run_ok(host, cell).split("ID ")[-1].split()[0]
+        record = host.record_dir
+    done = subprocess.run([sys.executable, "-m", "host_kernel", "rederive", aid, "--record",
+                           str(record), "--json"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert json.loads(done.stdout)["outcome"] in ("differs", "failed"), done.stdout + done.stderr
+    assert done.returncode == 1

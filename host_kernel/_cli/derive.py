@@ -41,10 +41,10 @@ def _opened(record: Any) -> Iterator[tuple[Any, Any]]:
         yield trusted, FileBlobStore(record, durable=False)
 
 
-def _start_host(workspace: Path, record: Path) -> Any:
+def _start_host(workspace: Path, record: Path, hide: tuple[str, ...] = ()) -> Any:
     from ..host._host import fresh_host
 
-    return fresh_host(workspace, record)
+    return fresh_host(workspace, record, hide)
 
 
 def _console(line: str) -> None:
@@ -142,7 +142,8 @@ def _one(ledger: Any, blobs: Any, artifact_id: str, args: argparse.Namespace,
     from ..host._rederive import rederive
 
     return rederive(ledger, blobs, artifact_id, _start_host, minimal=args.minimal,
-                    tolerance=args.tolerance, timeout=args.timeout, progress=progress)
+                    tolerance=args.tolerance, timeout=args.timeout, progress=progress,
+                    hide=[blobs.root] if hasattr(blobs, "root") else [])
 
 
 def _print(result: Any) -> None:

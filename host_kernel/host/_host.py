@@ -320,12 +320,17 @@ class Host:
         try:
             result = rederive(trusted, self.record.blobs, artifact_id, fresh_host,
                               minimal=minimal, tolerance=tolerance, timeout=timeout,
-                              progress=progress)
+                              progress=progress, hide=self._first_run())
         finally:
             trusted.close()
         self.record.append("artifact_rederived", result.record_body())
         return result
 
+
+    def _first_run(self) -> list[str | Path]:
+        """Where this session's kernel keeps state a re-derivation must not see."""
+        private = self.generations.private_dir
+        return [self.workdir, self.record_dir, *([private] if private is not None else [])]
 
     def _rederive_for_submission(self, artifact_id: str,
                                  progress: Callable[[str], None]) -> Rederivation:
@@ -334,7 +339,7 @@ class Host:
             trusted = self.record.trusted_projection()
             try:
                 return rederive(trusted, self.record.blobs, artifact_id, fresh_host,
-                                progress=progress)
+                                progress=progress, hide=self._first_run())
             finally:
                 trusted.close()
 
@@ -342,8 +347,8 @@ class Host:
         return result
 
 
-def fresh_host(workspace: Path, record: Path) -> Host:
+def fresh_host(workspace: Path, record: Path, hide: tuple[str, ...] = ()) -> Host:
     """The Host a re-derivation runs a slice in: defaults, its own record, and confined or
     not at all: unconfined, the session's code could read the bytes it is meant to remake
     from wherever the first run left them (and a reviewer's machine would run it bare)."""
-    return Host(workspace, record_dir=record, require_confinement=True)
+    return Host(workspace, record_dir=record, require_confinement=True, hide_paths=hide)

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,10 +44,10 @@ __all__ = ["OUTCOMES", "Rederivation", "in_own_thread", "rederive", "rederive_sl
 
 OUTCOMES = ("reproduced", "differs", "failed", "lineage_incomplete")
 
-#: Builds the Host that runs a slice: (workspace, record folder) → a context manager.
-StartHost = Callable[[Path, Path], AbstractContextManager[Any]]
+#: Builds the Host that runs a slice: (workspace, record folder, the folders its kernel
+#: must not see) → a context manager.
+StartHost = Callable[[Path, Path, tuple[str, ...]], AbstractContextManager[Any]]
 
-_MISSING_FILE = re.compile(r"(?:FileNotFoundError|No such file or directory)[^'\"]*['\"]([^'\"]+)['\"]")
 
 
 @dataclass
@@ -139,10 +138,26 @@ def _place(blobs: FileBlobStore, workspace: Path, item: SliceInput) -> bool:
 def rederive(ledger: Ledger, blobs: FileBlobStore, artifact_id: str, start: StartHost, *,
              minimal: bool = False, tolerance: float | None = None,
              timeout: float | None = 600, progress: Callable[[str], None] | None = None,
-             ) -> Rederivation:
-    """Re-derive ``artifact_id`` of the record (``ledger`` and its ``blobs``)."""
+             hide: Sequence[str | Path] = ()) -> Rederivation:
+    """Re-derive ``artifact_id`` of the record (``ledger`` and its ``blobs``).
+
+    The kernel that runs the slice is kept from the first run's world: the session's
+    workspace and record folder (from its ``session_started``), and ``hide`` (the
+    caller's: its private folder, the record it reads). A confined kernel may read most
+    of the machine; without this, a slice could copy the artifact from where the first
+    run left it and be "reproduced"."""
     sliced = compute_slice(ledger, artifact_id)
-    return rederive_slice(sliced, blobs, start, minimal=minimal,
+    first = [*hide]
+    for row in ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
+                            "'session_started'", (sliced.session,)):
+        body = json.loads(row["body"])
+        first += [body[k] for k in ("workdir", "record_dir") if isinstance(body.get(k), str)]
+    hidden = tuple(dict.fromkeys(str(p) for p in first if Path(p).exists()))
+
+    def start_hidden(workspace: Path, record: Path, more: tuple[str, ...] = ()) -> Any:
+        return start(workspace, record, hidden + more)
+
+    return rederive_slice(sliced, blobs, start_hidden, minimal=minimal,
                           tolerance=tolerance, timeout=timeout, progress=progress)
 
 
@@ -200,7 +215,7 @@ def _run(sliced: Slice, blobs: FileBlobStore, start: StartHost,
             return result
         failure: str | None = None
         try:
-            host_cm = start(workspace, record)
+            host_cm = start(workspace, record, ())
             host = host_cm.__enter__()
         except HostKernelError as exc:
             result.detail = f"the Host could not start a confined kernel to re-run it: {exc}"
@@ -221,10 +236,6 @@ def _run(sliced: Slice, blobs: FileBlobStore, start: StartHost,
         named = {i.path for i in (*sliced.inputs, *sliced.context)} | set(sliced.makes)
         missing = [p for p in dict.fromkeys(reads) if p not in named and p not in writes
                    and not _import_probe(p) and not (workspace / p).exists()]
-        if failure is not None:
-            missing += [p for p in _MISSING_FILE.findall(failure)
-                        if _inside(workspace, p) not in (None, *missing, *named)
-                        and not (workspace / p).exists()]
         result.missing = list(dict.fromkeys(_inside(workspace, p) or p for p in missing))
         if result.missing and leave_out is None:
             result.outcome = "lineage_incomplete"
