@@ -222,7 +222,23 @@ def test_a_pool_refills_and_each_session_gets_its_own_kernel(pool: HostPool,
             assert cwd.text.strip().endswith(str((roots / "b").resolve()))
             env = second.execute("import os; print(os.environ['HOST_KERNEL_SESSION'])")
             assert second.session_id in env.text
+            _started_without_the_debugger(second)
     assert pool.stats["handed_out"] == 2
+
+
+def _started_without_the_debugger(host: Host) -> None:
+    """The kernel was built without importing debugpy (no front offers the debugger), and
+    a cell may still import it."""
+    out = host.execute("import sys\nprint(sorted(m for m in sys.modules if 'pydev' in m "
+                       "or m.startswith('debugpy')))")
+    assert out.status == "ok" and out.text.strip() == "[]", out.text
+    reply = host.execute("import debugpy\nprint(debugpy.__name__)")
+    assert reply.status == "ok" and reply.text.strip() == "debugpy", reply.text
+
+
+def test_a_cold_kernel_starts_without_the_debugger(host: Host) -> None:
+    assert _generations(host)[0].get("warm") is None
+    _started_without_the_debugger(host)
 
 
 def test_a_session_that_hides_a_name_the_standby_holds_starts_cold(roots: Path,

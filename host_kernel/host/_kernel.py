@@ -37,6 +37,10 @@ EXTENSION = "host_kernel.kernel.extension"
 RECONNECT_MS = 5
 
 
+#: ipykernel's launcher less the debugger's imports (no front of ours offers it).
+LAUNCHER = "host_kernel.kernel.launch"
+
+
 def kernel_argv(sandbox: Sandbox | None) -> list[str]:
     """The kernel's command line: confined behind the sandbox's init, or bare.
 
@@ -46,9 +50,10 @@ def kernel_argv(sandbox: Sandbox | None) -> list[str]:
     ``%history`` and a frontend's ``history_request`` still work, for this kernel's
     cells; nothing is kept across kernels, the record is the history), and
     ipykernel's half-millisecond pause before each ``execute_reply`` is dropped (the
-    Host waits for the iopub ``idle`` status, which follows every output).
+    Host waits for the iopub ``idle`` status, which follows every output), and the kernel
+    starts without importing the debugger (:mod:`host_kernel.kernel.launch`).
     """
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+    argv = [sys.executable, "-m", LAUNCHER, "-f", "{connection_file}",
             f"--IPKernelApp.extra_extensions={EXTENSION}",
             "--HistoryManager.hist_file=:memory:", "--Kernel._execute_sleep=0"]
     if sandbox is None:
@@ -78,7 +83,7 @@ def short_tempdir() -> str | None:
 def standby_argv(sandbox: Sandbox | None) -> list[str]:
     """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby."""
     argv = kernel_argv(sandbox)
-    at = argv.index("ipykernel_launcher")
+    at = argv.index(LAUNCHER)
     argv[at] = "host_kernel.kernel.standby"
     return argv
 

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from .client import HostClient
+from .launch import allow_debugger
 
 __all__ = ["load_ipython_extension"]
 
@@ -35,6 +36,7 @@ def _explain_confinement(shell: Any, etype: type[BaseException], value: BaseExce
 
 
 def load_ipython_extension(ip: Any) -> None:
+    allow_debugger()  # the kernel is built without it; a cell may import debugpy again
     client = HostClient.from_env()
     if client is None:
         return

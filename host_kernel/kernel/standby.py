@@ -41,8 +41,6 @@ PRELOAD = (
     "jupyter_client.session", "zmq", "tornado.ioloop", "asyncio",
     "host_kernel.kernel.extension", "host_kernel.kernel.capture",
 )
-#: Imported too when present (the debugger's import alone is a fifth of a start).
-OPTIONAL = ("ipykernel.debugger", "debugpy", "jedi")
 
 
 class StandbyError(RuntimeError):
@@ -52,13 +50,11 @@ class StandbyError(RuntimeError):
 def preload() -> None:
     import importlib
 
+    from .launch import skip_debugger
+
+    skip_debugger()  # as a cold kernel starts: no debugger, no debugpy (a fifth of the imports)
     for name in PRELOAD:
         importlib.import_module(name)  # a failure here would fail the kernel's start anyway
-    for name in OPTIONAL:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - absent or broken: the kernel imports it later, or not
-            pass
 
 
 def threads() -> int:

@@ -86,6 +86,7 @@ from .chain import (
 from .keys import KEY_BYTES, KEY_ENV, _key_check, _make_key, key_path, keys_folder, read_key
 from .pgwire import (
     SCHEMA,
+    SCHEMA_DIGEST,
     _no_nul,
     _pg_error,
     _pg_reason,
@@ -175,6 +176,8 @@ class PostgresLedger:
         #: Sessions this writer held and lost (another Host took them up while its
         #: connection was down): nothing more is appended to them.
         self._lost: set[str] = set()
+        #: The ledger's tables this connection has seen (:meth:`has_table`).
+        self._tables: set[str] = set()
         if key is not None and len(key) != KEY_BYTES:
             raise RecordRefused(f"a record key is {KEY_BYTES} bytes, not {len(key)}",
                                 code="record_key_invalid")
@@ -266,11 +269,14 @@ class PostgresLedger:
         try:
             # The ledger's tables are always those of its own schema: a table of the same
             # name that someone made in another schema on the search path is never read.
-            conn.execute(f"SET search_path = {PG_SCHEMA}")
             # Every double read back exactly as written (the hash covers ts), whatever the
-            # server's or the role's default.
-            conn.execute("SET extra_float_digits = 3")
-            conn.execute(f"SET lock_timeout = {max(1, int(self._lock_timeout * 1000))}")
+            # server's or the role's default. One round trip for the three (and the
+            # reader's read-only default): a task's Host and its read-back each connect.
+            settings = [f"SET search_path = {PG_SCHEMA}", "SET extra_float_digits = 3",
+                        f"SET lock_timeout = {max(1, int(self._lock_timeout * 1000))}"]
+            if self.readonly:
+                settings.append("SET default_transaction_read_only = on")
+            conn.execute("; ".join(settings))
             encoding, started = conn.execute(
                 "SELECT current_setting('server_encoding'), (SELECT backend_start FROM "
                 "pg_catalog.pg_stat_activity WHERE pid = pg_backend_pid())").fetchone() or \
@@ -279,8 +285,6 @@ class PostgresLedger:
                 raise RecordRefused(f"the database at {redact_url(self.url)} stores text as "
                                     f"{encoding}, not UTF8: events would not read back as "
                                     f"written", code="record_unreadable")
-            if self.readonly:
-                conn.execute("SET default_transaction_read_only = on")
         except BaseException:
             conn.close()
             raise
@@ -359,6 +363,7 @@ class PostgresLedger:
             "SELECT c.relname, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace "
             "n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s)",
             (PG_SCHEMA, names)).fetchall()
+        self._tables.update(r[0] for r in rows if r[1] == "r")
         odd = sorted(r[0] for r in rows if r[1] != "r")
         if odd:
             raise RecordRefused(f"the ledger's {', '.join(odd)} {'is' if len(odd) == 1 else 'are'}"
@@ -366,14 +371,29 @@ class PostgresLedger:
                                 f"place); the ledger will not be read", code="record_unreadable")
         return any(r[0] == "events" for r in rows)
 
+    def _schema_current(self) -> bool:
+        """Whether the ledger's tables are there, plain, and made by this version's
+        :data:`SCHEMA` (its digest in ``ledger_meta``): then a writer's start need not
+        run the script again (a lock every Host start would wait on, and a dozen
+        statements for the server), which is most of what opening a ledger costs."""
+        if not self._plain_tables():
+            return False
+        row = self._conn.execute("SELECT value FROM ledger_meta WHERE name = 'schema'"
+                                 ).fetchone()
+        return row is not None and row[0] == SCHEMA_DIGEST
+
     def _create_schema(self) -> None:
-        with self._conn.transaction():
-            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA}")
-            self._conn.execute(SCHEMA)
-            self._conn.execute("INSERT INTO ledger_meta VALUES ('ledger_id', %s) "
-                               "ON CONFLICT (name) DO NOTHING", (uuid.uuid4().hex,))
-        self._plain_tables()
+        if not self._schema_current():
+            with self._conn.transaction():
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA}")
+                self._conn.execute(SCHEMA)
+                self._conn.execute("INSERT INTO ledger_meta VALUES ('ledger_id', %s) "
+                                   "ON CONFLICT (name) DO NOTHING", (uuid.uuid4().hex,))
+                self._conn.execute("INSERT INTO ledger_meta VALUES ('schema', %s) ON CONFLICT "
+                                   "(name) DO UPDATE SET value = EXCLUDED.value",
+                                   (SCHEMA_DIGEST,))
+            self._plain_tables()
         if self._key is None:
             path = key_path(self.ledger_id())
             if not path.exists():
@@ -636,8 +656,15 @@ class PostgresLedger:
         return self._last
 
     def has_table(self, name: str) -> bool:
-        return bool(self.query("SELECT 1 FROM information_schema.tables WHERE table_schema = "
-                               "? AND table_name = ?", (PG_SCHEMA, name)))
+        # A table once seen stays known (a reader asks for each before it reads it: ten
+        # round trips a task's read-back); one that is not there is asked for again.
+        if name in self._tables:
+            return True
+        found = bool(self.query("SELECT 1 FROM information_schema.tables WHERE "
+                                "table_schema = ? AND table_name = ?", (PG_SCHEMA, name)))
+        if found:
+            self._tables.add(name)
+        return found
 
     def sessions(self) -> list[str]:
         """Every session with events, in the order they started."""

@@ -11,6 +11,7 @@ URL and redact it without the driver installed. The ledger is
 from __future__ import annotations
 
 import functools
+import hashlib
 import urllib.parse
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -186,6 +187,9 @@ CREATE TABLE IF NOT EXISTS submissions (
 );
 CREATE INDEX IF NOT EXISTS submissions_by_session ON submissions (session);
 """
+#: Names :data:`SCHEMA` as ``ledger_meta``'s ``schema``: a writer whose schema is the one
+#: there does not run the script again (any change to it runs it once more).
+SCHEMA_DIGEST = hashlib.sha256(SCHEMA.encode()).hexdigest()[:16]
 
 
 
