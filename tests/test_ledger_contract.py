@@ -342,6 +342,30 @@ def test_a_live_session_is_not_closed_by_another_host(backend: Backend) -> None:
         assert ended == []
 
 
+def test_pg_a_writer_runs_the_schema_script_only_when_the_ledger_lacks_this_versions(
+        pg_url: str) -> None:
+    """Opening a ledger whose schema digest is this version's skips the script (an index
+    dropped behind its back stays dropped); a ledger made by another version (another
+    digest) has the script run again, which puts the index back."""
+    def index_there() -> bool:
+        return bool(direct_sql(pg_url, "SELECT 1 FROM pg_indexes WHERE schemaname = ? AND "
+                               "indexname = 'events_by_kind'", (PG_SCHEMA,)))
+
+    with PostgresLedger(pg_url):
+        pass
+    assert index_there()
+    direct_sql(pg_url, "DROP INDEX events_by_kind")
+    with PostgresLedger(pg_url) as again:
+        again.append("s1", "session_started", {"workdir": "/w"})
+    assert not index_there()
+    direct_sql(pg_url, "UPDATE ledger_meta SET value = 'an-older-schema' WHERE name = 'schema'")
+    with PostgresLedger(pg_url) as upgraded:
+        upgraded.append("s2", "session_started", {"workdir": "/w"})
+    assert index_there()
+    assert direct_sql(pg_url, "SELECT value FROM ledger_meta WHERE name = 'schema'") != \
+        [("an-older-schema",)]
+
+
 def test_pg_a_writer_with_another_key_is_refused_before_it_writes(pg_url: str) -> None:
     with PostgresLedger(pg_url) as first:
         first.append("s", "note", {})

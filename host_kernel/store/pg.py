@@ -62,7 +62,6 @@ import hashlib
 import hmac
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -83,10 +82,9 @@ from .chain import (
     session_mac_problems,
     session_starts,
 )
-from .keys import KEY_BYTES, KEY_ENV, _key_check, _make_key, key_path, keys_folder, read_key
+from .keys import KEY_BYTES, KEY_ENV, _key_check, key_path, keys_folder, read_key
+from .pgschema import PG_SCHEMA, create_schema, plain_tables
 from .pgwire import (
-    SCHEMA,
-    SCHEMA_DIGEST,
     _no_nul,
     _pg_error,
     _pg_reason,
@@ -96,16 +94,13 @@ from .pgwire import (
     is_postgres_url,
     redact_url,
 )
-from .projection import PROJECTION_TABLES, _serialise, project
+from .projection import _serialise, project
 from .retry import Patience, pg_unavailable, say_on_stderr
 
 __all__ = ["KEY_ENV", "PG_SCHEMA", "PostgresLedger", "check_key", "is_postgres_url", "key_path",
            "keys_folder", "ledger_key", "read_key", "redact_url", "replay_problems",
            "session_chain_problems", "session_mac_problems", "session_starts"]
 
-
-#: The PostgreSQL schema (namespace) that holds the ledger's tables, in any database.
-PG_SCHEMA = "host_kernel"
 
 
 T = TypeVar("T")
@@ -116,8 +111,6 @@ T = TypeVar("T")
 #: :attr:`~host_kernel.store.retry.Backoff.most` seconds each).
 RECONNECT_GRACE = 60.0
 
-#: The advisory lock that serialises creating the schema (any constant of our own).
-_SCHEMA_LOCK = 0x686B5F736368656D  # "hk_schem"
 
 
 def ledger_key(url: str, *, create: bool = True) -> bytes:
@@ -355,67 +348,15 @@ class PostgresLedger:
         return None if row is None else int(row[0])
 
     def _plain_tables(self) -> bool:
-        """Whether the ledger's tables exist (False: an empty database). Refuses, with
-        ``record_unreadable``, a ledger whose events, heads or projection tables are not
-        ordinary tables of its schema (a view could show each query what it wants)."""
-        names = ["events", "heads", "ledger_meta", *(t for t, _ in PROJECTION_TABLES)]
-        rows = self._conn.execute(
-            "SELECT c.relname, c.relkind FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace "
-            "n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = ANY(%s)",
-            (PG_SCHEMA, names)).fetchall()
-        self._tables.update(r[0] for r in rows if r[1] == "r")
-        odd = sorted(r[0] for r in rows if r[1] != "r")
-        if odd:
-            raise RecordRefused(f"the ledger's {', '.join(odd)} {'is' if len(odd) == 1 else 'are'}"
-                                f" not a plain table (a view or another relation stands in its "
-                                f"place); the ledger will not be read", code="record_unreadable")
-        return any(r[0] == "events" for r in rows)
-
-    def _schema_current(self) -> bool:
-        """Whether the ledger's tables are there, plain, and made by this version's
-        :data:`SCHEMA` (its digest in ``ledger_meta``): then a writer's start need not
-        run the script again (a lock every Host start would wait on, and a dozen
-        statements for the server), which is most of what opening a ledger costs."""
-        if not self._plain_tables():
-            return False
-        row = self._conn.execute("SELECT value FROM ledger_meta WHERE name = 'schema'"
-                                 ).fetchone()
-        return row is not None and row[0] == SCHEMA_DIGEST
+        """Whether the ledger's tables exist (False: an empty database); refuses one
+        whose tables are not plain tables (:func:`~.pgschema.plain_tables`)."""
+        found = plain_tables(self._conn)
+        self._tables.update(found)
+        return "events" in found
 
     def _create_schema(self) -> None:
-        if not self._schema_current():
-            with self._conn.transaction():
-                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                self._conn.execute(f"CREATE SCHEMA IF NOT EXISTS {PG_SCHEMA}")
-                self._conn.execute(SCHEMA)
-                self._conn.execute("INSERT INTO ledger_meta VALUES ('ledger_id', %s) "
-                                   "ON CONFLICT (name) DO NOTHING", (uuid.uuid4().hex,))
-                self._conn.execute("INSERT INTO ledger_meta VALUES ('schema', %s) ON CONFLICT "
-                                   "(name) DO UPDATE SET value = EXCLUDED.value",
-                                   (SCHEMA_DIGEST,))
-            self._plain_tables()
-        if self._key is None:
-            path = key_path(self.ledger_id())
-            if not path.exists():
-                has_events = self._conn.execute("SELECT 1 FROM events LIMIT 1").fetchone()
-                if has_events is not None:  # a fresh key would not vouch for them
-                    raise RecordRefused(
-                        f"the ledger at {redact_url(self.url)} holds events, but its record key "
-                        f"{path} is not here; set {KEY_ENV} to the key file its writers use",
-                        code="record_key_missing")
-                _make_key(path)
-            self._key = read_key(path)
-        check = _key_check(self._key)
-        with self._conn.transaction():
-            self._conn.execute("INSERT INTO ledger_meta VALUES ('key_check', %s) "
-                               "ON CONFLICT (name) DO NOTHING", (check,))
-            row = self._conn.execute("SELECT value FROM ledger_meta WHERE name = "
-                                     "'key_check'").fetchone()
-        if row is None or not hmac.compare_digest(str(row[0]), check):
-            raise RecordRefused(
-                f"the record key given is not the key of the ledger at {redact_url(self.url)} "
-                f"(its events were written with another one); point {KEY_ENV} at the "
-                f"ledger's key file", code="record_key_invalid")
+        self._key = create_schema(self._conn, self._key, self.url, self._plain_tables,
+                                  self.ledger_id)
 
     def ledger_id(self) -> str:
         """The ledger's id, made with its schema; its key file is named after it."""
