@@ -647,10 +647,12 @@ def print_item(match: Match, found: dict[str, Any], related: dict[str, list[dict
             printer(Text("changes", style="bold"))
             for change in changes:
                 printer(Text(_safe(f"  {change.get('change')} {change.get('path')}")))
+        from .host._render import strip_ansi
+
         for stream in ("stdout_tail", "stderr_tail"):
-            if receipt.get(stream):
+            if receipt.get(stream):  # colours dropped, as a cell's outputs' are: no raw \x1b[
                 printer(Text(stream, style="bold"))
-                printer(Text(_safe(str(receipt[stream]).rstrip("\n"))))
+                printer(Text(_safe(strip_ansi(str(receipt[stream])).rstrip("\n"))))
     elif match.kind == "artifact":
         inputs = (found.get("lineage") or {}).get("inputs") or []
         if inputs:

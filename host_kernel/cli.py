@@ -38,6 +38,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import ClassVar, NoReturn
 
 from ._cli.common import (
     EXIT_BROKEN_PIPE,
@@ -98,13 +99,35 @@ def all_commands() -> list[Command]:
 # ---------------------------------------------------------------------- entry point
 
 
+class _Parser(argparse.ArgumentParser):
+    """A subcommand's parser: argparse's, except that a missing positional argument whose
+    value was given but starts with ``-`` (an id ``-8a12``, which argparse takes for an
+    option it does not know) gets a hint to give it after ``--``."""
+
+    #: The arguments being parsed (set by :func:`_parse`): where such a value is looked for.
+    argv: ClassVar[list[str]] = []
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required") and \
+                self._get_positional_actions():
+            known = set(self._option_string_actions)
+            words = self.argv[:self.argv.index("--")] if "--" in self.argv else self.argv
+            dashed = [w for w in words if w.startswith("-") and len(w) > 1 and w not in known
+                      and not any(k.startswith(w.split("=", 1)[0]) for k in known
+                                  if k.startswith("--") and w.startswith("--"))]
+            if dashed:
+                message += (f" (a value that starts with '-' goes after '--': "
+                            f"{self.prog} -- {dashed[0]})")
+        super().error(message)
+
+
 def build_parser(commands: Sequence[Command] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A Jupyter kernel driven by a Host that keeps a tamper-evident record: "
                     "nothing is accepted that the Host's own record does not back.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in all_commands() if commands is None else commands:
         p = sub.add_parser(command.name, help=command.help,
                            description=command.description or command.help)
@@ -117,6 +140,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     """``parser.parse_args(argv)``, except that arguments a subcommand does not know are
     reported by that subcommand's parser (its usage line, ``host-kernel CMD: error:``),
     not by the top-level one, which is where argparse sends them."""
+    _Parser.argv = argv
     args, extras = parser.parse_known_args(argv)
     if extras:
         sub: argparse.ArgumentParser | None = getattr(args, "_parser", None)

@@ -12,6 +12,13 @@ checked, hash-chained events, never the projection tables on disk, and it
 refuses a record whose chain is broken or whose stored projection disagrees
 with its events. It never writes the record.
 
+When the session recorded the notebook file it ran (``session_started``'s
+``notebook``: ``host-kernel exec``, a batch's notebook task) and that file still
+has the recorded sha256, its markdown and raw cells are put back between the
+executed cells where they stood (metadata ``host_kernel.from_notebook``); when
+it is gone or changed, a first markdown cell says why they are missing, and so
+does the notebook metadata's ``host_kernel.notebook.markdown``.
+
 Outputs are kept as recorded, cleaned only where nbformat's schema would
 reject them (keys it does not allow, non-text values under a text media type),
 so ``nbformat.validate`` passes on every export. A cell that never finished in
@@ -99,12 +106,27 @@ def _notebook(ledger: SQLiteLedger, session: str | None) -> Any:
                                  "FROM artifacts WHERE session = ? ORDER BY seq", sid)
     notices = _notices(ledger, sid)
     nb = _new_notebook()
+    ran = []
     for cell in ledger.query("SELECT * FROM cells WHERE session = ? ORDER BY seq_started",
                              (sid,)):
         if cell["cell_id"] in silent:
             continue  # a frontend's silent request (a variable viewer, say) is no notebook cell
-        nb.cells.append(_cell(cell, receipts.get(cell["cell_id"], []),
-                              artifacts.get(cell["cell_id"], []), notices.get(cell["cell_id"])))
+        ran.append(_cell(cell, receipts.get(cell["cell_id"], []),
+                         artifacts.get(cell["cell_id"], []), notices.get(cell["cell_id"])))
+    started = _started(ledger, sid)
+    notebook = started.get("notebook") if isinstance(started.get("notebook"), dict) else None
+    source = None if notebook is None else _source_notebook(notebook, row["workdir"])
+    if isinstance(source, str):  # why the notebook's markdown is not here: said in the export
+        named = (notebook or {}).get("path")
+        nb.cells.append(_from_dict({"cell_type": "markdown", "id": "host-kernel-note",
+                                    "metadata": {"host_kernel": {"note": "markdown_missing"}},
+                                    "source": f"_host-kernel export: the markdown cells of "
+                                              f"{named} are not shown: {source}._"}))
+        nb.cells.extend(ran)
+    elif source is not None:
+        nb.cells.extend(_interleave(ran, source))
+    else:
+        nb.cells.extend(ran)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nb.metadata["language_info"] = {"name": "python"}
     nb.metadata["host_kernel"] = {
@@ -119,8 +141,102 @@ def _notebook(ledger: SQLiteLedger, session: str | None) -> Any:
             (sid,))],
         "submissions": _submissions(ledger, sid),
     }
+    if notebook is not None:
+        nb.metadata["host_kernel"]["notebook"] = {
+            "path": notebook.get("path"), "sha256": notebook.get("sha256"),
+            "markdown": "kept" if source is not None and not isinstance(source, str)
+            else source}
     nbformat.validate(nb)
     return nb
+
+
+def _started(ledger: SQLiteLedger, session: str) -> dict[str, Any]:
+    rows = ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
+                        "'session_started' ORDER BY seq LIMIT 1", (session,))
+    body = json.loads(rows[0]["body"]) if rows else {}
+    return body if isinstance(body, dict) else {}
+
+
+def _source_notebook(notebook: dict[str, Any], workdir: str | None) -> Any:
+    """The notebook file ``session_started`` names, read, when it still has the sha256
+    recorded; else the reason it cannot be used (a str)."""
+    import hashlib
+
+    given = notebook.get("path")
+    if not isinstance(given, str) or not given:
+        return "the record names no path for it"
+    path = Path(given)
+    if not path.is_absolute():
+        if not workdir:
+            return "the record names no workspace to find it in"
+        path = Path(workdir) / path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != notebook.get("sha256"):
+        return (f"{path} has changed since the session ran it (sha256 {digest[:12]}…, the "
+                f"record says {str(notebook.get('sha256'))[:12]}…)")
+    import warnings
+
+    from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
+
+    try:
+        with warnings.catch_warnings():
+            for category in (MissingIDFieldWarning, DuplicateCellId):
+                warnings.simplefilter("ignore", category)
+            return cast(Callable[..., Any], nbformat.reads)(data.decode("utf-8"),
+                                                              as_version=4)
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds; any is a reason
+        return f"{path} cannot be read as a notebook ({type(exc).__name__})"
+
+
+def _interleave(ran: list[Any], source: Any) -> list[Any]:
+    """The executed cells ``ran`` with the markdown and raw cells of the notebook ``source``
+    put back where they stood: the notebook's non-empty code cells are matched, in order,
+    to the executed cells by their code (as ``host-kernel exec`` ran them). Markdown is
+    placed only while the two agree: past the first code cell that did not run, or ran
+    other code, the executed cells follow alone."""
+    out: list[Any] = []
+    taken = {c["id"] for c in ran}
+    pending: list[Any] = []
+    i = 0
+    for cell in source.cells:
+        kind = cell.get("cell_type")
+        if kind in ("markdown", "raw"):
+            pending.append(cell)
+            continue
+        if kind != "code" or not str(cell.get("source", "")).strip():
+            continue
+        if i >= len(ran) or ran[i]["source"] != str(cell.source):
+            break
+        out.extend(_text_cell(c, taken) for c in pending)
+        pending = []
+        out.append(ran[i])
+        i += 1
+    else:
+        if i == len(ran):  # every code cell ran: the notebook's closing text too
+            out.extend(_text_cell(c, taken) for c in pending)
+    return out + ran[i:]
+
+
+def _text_cell(cell: Any, taken: set[str]) -> Any:
+    """A markdown or raw cell of the source notebook, with its own id unless a Host-minted
+    id (or an earlier cell) has it."""
+    from ._ids import is_cell_id, mint_cell_id
+
+    cid = cell.get("id")
+    if not is_cell_id(cid) or cid in taken:
+        cid = mint_cell_id()
+    taken.add(cid)
+    meta = dict(cell.get("metadata") or {})
+    meta["host_kernel"] = {"from_notebook": True}
+    body = {"cell_type": cell["cell_type"], "id": cid, "metadata": meta,
+            "source": str(cell.get("source", ""))}
+    if cell["cell_type"] == "markdown" and cell.get("attachments"):
+        body["attachments"] = cell["attachments"]
+    return _from_dict(body)
 
 
 def _session_row(ledger: SQLiteLedger, session: str | None) -> Any:

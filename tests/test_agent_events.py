@@ -282,5 +282,5 @@ def test_trace_prints_the_snapshot_as_text_or_json(
     assert data["cells"][0]["cell_id"] == "CID" and data["tokens"]["prompt"] == 100
     assert main(["trace", str(record_dir), "--list"]) == 0
     assert capsys.readouterr().out == "abc\n"
-    assert main(["trace", str(tmp_path)]) == 2
+    assert main(["trace", str(tmp_path)]) == 1
     assert "no agent-events.ndjson" in capsys.readouterr().err

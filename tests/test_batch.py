@@ -302,8 +302,8 @@ def test_a_rerun_of_a_finished_attempt_returns_its_summary_instead_of_a_new_sess
                         secret=os.urandom(32))
     task = Task("notebook", str(nb), name="once")
     first = run_task(task, settings)
-    assert first.accepted and first.attempt == 1, first
-    assert first.detail == "3 cells ok, 0 submissions accepted"
+    assert first.outcome == "ran" and first.ok and not first.accepted, first
+    assert first.attempt == 1 and first.detail == "3 cells ok, no submission"
     assert run_task(task, settings) == first
     assert sorted(p.name for p in (tmp_path / "ws" / "once").iterdir()) == [
         "attempt-1", "attempt-1.json"]
@@ -319,7 +319,8 @@ def test_an_attempt_that_never_finished_is_named_and_the_next_one_starts_fresh(
                                                        "session": "dead-session"}))
     summary = run_task(Task("notebook", str(nb), name="again"),
                        Settings(str(tmp_path / "ws"), str(tmp_path / "records")))
-    assert summary.accepted and summary.attempt == 2 and summary.abandoned == ("dead-session",)
+    assert summary.outcome == "ran" and summary.attempt == 2
+    assert summary.abandoned == ("dead-session",)
     assert not (folder / "attempt-2" / "half.txt").exists()
     assert (folder / "attempt-2" / "again.ipynb").is_file()
 
@@ -329,25 +330,50 @@ def test_an_attempt_that_never_finished_is_named_and_the_next_one_starts_fresh(
 
 def test_the_command_on_a_local_cluster_prints_a_json_line_per_task_and_exits_0(
         tmp_path: Path) -> None:
+    """Three notebooks, one of which submits nothing (``ran``, not ``accepted``), each
+    recorded in a record folder named after its task; Dask's scratch folders are not left
+    in $TMPDIR; and ``--resume`` skips all three, as done."""
     for n in range(3):
-        write_notebook(tmp_path / "nbs" / f"nb{n}.ipynb", n)
-    env = {k: v for k, v in os.environ.items() if k not in PROXIES}
+        write_notebook(tmp_path / "nbs" / f"nb{n}.ipynb", n, submit=n != 2)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k not in PROXIES}, "TMPDIR": str(scratch)}
     proc = subprocess.run(
         [sys.executable, "-m", "host_kernel", "batch", str(tmp_path / "nbs"), "--json",
-         "--workers", "2", "--workspaces", str(tmp_path / "ws"), "--records",
-         str(tmp_path / "records")],
-        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+         "--workers", "2", "--workspaces", str(tmp_path / "ws")],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [line["type"] for line in lines] == ["task"] * 3 + ["batch"]
-    assert sorted(line["name"] for line in lines[:3]) == ["nb0", "nb1", "nb2"]
-    assert all(line["outcome"] == "accepted" and line["confinement"] == CONFINED
-               for line in lines[:3])
-    assert lines[3]["accepted"] == 3 and lines[3]["tasks"] == 3 and lines[3]["workers"] == 2
+    by_name = {line["name"]: line for line in lines[:3]}
+    assert sorted(by_name) == ["nb0", "nb1", "nb2"]
+    assert all(line["confinement"] == CONFINED for line in lines[:3])
+    assert [by_name[n]["outcome"] for n in ("nb0", "nb1", "nb2")] == ["accepted", "accepted",
+                                                                     "ran"]
+    assert by_name["nb2"]["detail"] == "3 cells ok, no submission"
+    assert (lines[3]["accepted"], lines[3]["ran"], lines[3]["tasks"], lines[3]["workers"]) == (
+        2, 1, 3, 2)
     for line in lines[:3]:
         assert audit(line["record"]).clean
+        assert Path(line["record"]).name.startswith(f"{line['name']}-attempt-1-"), line
         assert TaskSummary.from_dict(line).to_dict() == {
             k: v for k, v in line.items() if k != "type"}
+    assert not (scratch / "dask-scratch-space").exists(), sorted(os.listdir(scratch))
+    assert not list(scratch.glob("hk-dask-*")), sorted(os.listdir(scratch))
+
+    again = subprocess.run(
+        [sys.executable, "-m", "host_kernel", "batch", "--resume", str(tmp_path / "ws"),
+         "--workers", "1"],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rows = {line.split()[0]: line for line in again.stdout.splitlines()
+            if line.split()[:1] in (["nb0"], ["nb1"], ["nb2"])}
+    assert re.search(r"^nb2\s+notebook\s+ran\s+1\s.*skipped: ran in session", rows["nb2"]), \
+        again.stdout
+    assert re.search(r"^nb0\s+notebook\s+accepted\s+1\s", rows["nb0"]), again.stdout
+    assert "2 accepted, 1 ran (no submission), 0 failed, 0 errors; 3 skipped (done " \
+        "earlier)" in again.stdout, again.stdout
+    assert not (scratch / "dask-scratch-space").exists()
 
 
 @contextlib.contextmanager
@@ -556,7 +582,7 @@ def test_a_tasks_kernel_reaches_no_other_tasks_workspace_or_status(client: Clien
         (summary,) = second.summaries
         if summary.confinement != CONFINED:
             pytest.skip(f"NO CONFINEMENT HERE: {summary.confinement}")
-        assert summary.accepted, failures(second)
+        assert summary.ok, failures(second)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -72,7 +72,7 @@ def test_a_notebook_task_cannot_read_the_batchs_llm_key_from_its_variable(
                   "assert found is None, 'read the key: ' + found")
     llm = LLMConfig("http://127.0.0.1:9/v1", "m", api_key_env="HKB_LLM_AUTH")
     summary = run_task(Task("notebook", str(nb), name="peek"), settings(home_root, llm=llm))
-    assert summary.accepted, (summary.detail, summary.error)
+    assert summary.ok, (summary.detail, summary.error)
 
 
 def test_a_notebook_task_cannot_read_the_batchs_llm_key_file(home_root: Path) -> None:
@@ -86,7 +86,7 @@ def test_a_notebook_task_cannot_read_the_batchs_llm_key_file(home_root: Path) ->
     llm = LLMConfig("http://127.0.0.1:9/v1", "m", api_key_file=str(key))
     summary = run_task(Task("notebook", str(nb), name="peek"), settings(home_root, llm=llm))
     assert summary.confinement == "landlock"
-    assert summary.accepted, (summary.detail, summary.error)
+    assert summary.ok, (summary.detail, summary.error)
 
 
 # ---------------------------------------------------------------------- notebooks and inputs
@@ -103,7 +103,7 @@ def test_a_notebook_that_is_a_link_runs_under_its_own_name(home_root: Path,
     link.symlink_to("../shared/real.ipynb" if relative else real)
     (task,) = _checked([Task.notebook(link)])
     summary = run_task(task, settings(home_root))
-    assert summary.accepted, (summary.detail, summary.error)
+    assert summary.ok, (summary.detail, summary.error)
     assert real.read_text() == (Path(summary.workspace or "") / "linked.ipynb").read_text()
 
 
@@ -120,7 +120,7 @@ def test_a_later_batch_where_the_notebooks_are_copies_no_earlier_batchs_workspac
         summary = run_task(_checked([Task.notebook(nb)])[0],
                            Settings(str(ws), batch=f"b{n}", secret=os.urandom(32),
                                     skip=(str(ws),)))
-        assert summary.accepted, (summary.detail, summary.error)
+        assert summary.ok, (summary.detail, summary.error)
         assert sorted(p.name for p in Path(summary.workspace or "").iterdir()) == [
             "a.ipynb", "data.csv"]
 
@@ -138,7 +138,7 @@ def test_a_long_task_name_is_cut_to_a_folders_name_and_runs(home_root: Path) -> 
                               Task.notebook(nb, name="n" * 300)])
     assert first.name == "n" * 100 and second.name == "n" * 100 + "-2"
     summary = run_task(first, settings(home_root))
-    assert summary.accepted, (summary.detail, summary.error)
+    assert summary.ok, (summary.detail, summary.error)
 
 
 def test_a_task_file_nested_past_pythons_stack_is_refused(tmp_path: Path) -> None:

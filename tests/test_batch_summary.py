@@ -154,18 +154,21 @@ def test_a_batch_run_again_over_the_same_records_reruns_only_what_was_not_accept
     tasks = [Task.notebook(good), Task.notebook(flaky), Task.notebook(bare)]
     first = run_batch(tasks, scheduler=client, workspaces=tmp_path / "ws1", records=records)
     outcomes = {s.name: s.outcome for s in first.summaries}
-    assert outcomes == {"good": "accepted", "flaky": "failed", "bare": "accepted"}, first
+    assert outcomes == {"good": "accepted", "flaky": "failed", "bare": "ran"}, first
+    assert first.summaries[2].detail == "2 cells ok, no submission"
     assert first.summaries[1].cause == "AssertionError: fail.flag is there"
 
     (nbs / "fail.flag").unlink()
     seen: list[TaskSummary] = []
     second = run_batch(tasks, scheduler=client, workspaces=tmp_path / "ws2", records=records,
                        on_result=seen.append)
-    assert second.accepted, [(s.name, s.detail, s.cause) for s in second.summaries]
+    assert second.ok and not second.accepted, [(s.name, s.detail, s.cause)
+                                                for s in second.summaries]
     again_good, again_flaky, again_bare = second.summaries
     for earlier, now in ((first.summaries[0], again_good), (first.summaries[2], again_bare)):
         assert now.skipped and now.session_id == earlier.session_id
-        assert now.detail == f"skipped: accepted in session {earlier.session_id}"
+        assert now.outcome == earlier.outcome
+        assert now.detail == f"skipped: {earlier.outcome} in session {earlier.session_id}"
         assert now.head == earlier.head and now.verdicts == earlier.verdicts
         assert not (tmp_path / "ws2" / now.name).exists()  # nothing run for it
     # The failed task runs again, as its next attempt, in a record folder of its own.

@@ -15,16 +15,17 @@ does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, cast
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
            "PROG", "Command", "CommandFailed", "UsageError", "add_record_arguments",
-           "add_store_arguments", "check_ledger_url", "plural", "print_line", "read_notebook",
-           "record_argument", "resolve_record", "store_options", "writable_record"]
+           "add_store_arguments", "check_ledger_url", "full_id", "plural", "print_line", "quiet_nbformat",
+           "read_notebook", "record_argument", "resolve_record", "resolved_id", "store_options", "writable_record"]
 
 PROG = "host-kernel"
 
@@ -124,8 +125,9 @@ def read_notebook(path: Path) -> Any:
         raise UsageError(f"not a notebook: {path} names no nbformat version") from None
     reads = cast(Callable[..., Any], nbformat.reads)  # nbformat ships no type hints
     try:
-        nb = reads(text, as_version=4)
-        nbformat.validate(nb)
+        with quiet_nbformat():
+            nb = reads(text, as_version=4)
+            nbformat.validate(nb)
     except nbformat.ValidationError as exc:
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}"
                         for p in getattr(exc, "absolute_path", ())).lstrip(".")
@@ -135,6 +137,22 @@ def read_notebook(path: Path) -> Any:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"not a notebook: {path}: {exc}") from None
     return nb
+
+
+@contextlib.contextmanager
+def quiet_nbformat() -> Iterator[None]:
+    """nbformat's reading and validating without its warnings: a cell without an ``id``
+    (nbformat < 4.5 had none) is given one quietly, as nbformat itself does, instead of a
+    ``MissingIDFieldWarning`` with a site-packages path on the user's terminal; and no
+    other of nbformat's own warnings reaches it either."""
+    import warnings
+
+    from nbformat.warnings import DuplicateCellId, MissingIDFieldWarning
+
+    with warnings.catch_warnings():
+        for category in (MissingIDFieldWarning, DuplicateCellId):
+            warnings.simplefilter("ignore", category)
+        yield
 
 
 def writable_record(value: str | None) -> Path | None:
@@ -214,6 +232,29 @@ def add_record_arguments(parser: argparse.ArgumentParser, *, positional: bool,
         parser.add_argument("--ledger", metavar="URL", default=None,
                             help="read the PostgreSQL ledger at URL (postgresql://…) instead "
                                  "of a record folder: every session in it, verified")
+
+
+def full_id(ledger: Any, prefix: str, kind: str) -> str:
+    """The whole id of the one ``kind`` (``artifact``, ``receipt``, …) of the verified
+    ``ledger`` that is ``prefix`` or starts with it, as ``show`` finds ids; UsageError
+    ``no artifact id in the record starts with 'x'``, or for an ambiguous prefix one that
+    lists the ids that start with it."""
+    from ..browse import UnknownId, find_id
+
+    try:
+        return find_id(ledger, prefix, (kind,)).id
+    except UnknownId as exc:
+        raise UsageError(str(exc)) from None
+
+
+def resolved_id(record: Any, prefix: str, kind: str) -> str:
+    """:func:`full_id` in the record ``record`` (a record folder or a LedgerRecord), read
+    verified (a record that fails its checks raises its RecordRefused)."""
+    from ..store.ledger import collector_paused
+    from ..store.verified import open_verified
+
+    with collector_paused(), open_verified(record) as trusted:
+        return full_id(trusted, prefix, kind)
 
 
 def record_argument(args: argparse.Namespace) -> Any:

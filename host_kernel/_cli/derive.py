@@ -22,6 +22,7 @@ from .common import (
     CommandFailed,
     UsageError,
     add_record_arguments,
+    full_id,
     print_line,
     record_argument,
 )
@@ -74,7 +75,7 @@ def _slice_run(args: argparse.Namespace) -> int:
 
     with _opened(record_argument(args)) as (ledger, _):
         try:
-            sliced = compute_slice(ledger, args.artifact_id)
+            sliced = compute_slice(ledger, full_id(ledger, args.artifact_id, "artifact"))
         except FileProblem as exc:
             raise UsageError(exc.message) from None
     if args.json:
@@ -161,7 +162,8 @@ def _rederive_run(args: argparse.Namespace) -> int:
 
     with _opened(record_argument(args)) as (ledger, blobs):
         try:
-            result = _one(ledger, blobs, args.artifact_id, args,
+            artifact = full_id(ledger, args.artifact_id, "artifact")
+            result = _one(ledger, blobs, artifact, args,
                           (lambda _l: None) if args.json else _console)
         except FileProblem as exc:
             raise UsageError(exc.message) from None

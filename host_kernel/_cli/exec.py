@@ -69,6 +69,10 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
                              "judged against (a commit you reviewed), read before the kernel "
                              "starts; default: the Host's choice, refused when an earlier "
                              "session could have written it")
+    parser.add_argument("--other-workspace", action="store_true",
+                        help="let --record name a record whose sessions ran in another "
+                             "workspace, and add this session of WORKDIR to it (refused "
+                             "without this flag, naming the record's workspace)")
     add_store_arguments(parser)
 
 
@@ -92,13 +96,62 @@ def _exec_options(args: argparse.Namespace, notebook: Path
                          "give it with --mode codebase_change")
     # Every notebook is read and checked before any runs: a bad one is a usage error at once.
     nb = read_notebook(notebook)
-    return workdir, nb, writable_record(args.record), mode
+    record = writable_record(args.record)
+    if record is not None and args.ledger is None and not args.other_workspace:
+        _same_workspace(record, workdir)
+    _writable(workdir)
+    return workdir, nb, record, mode
+
+
+def _writable(workdir: Path) -> None:
+    """CommandFailed (exit 1) unless a file can be made in ``workdir``: the kernel runs there
+    and ``host.write_file`` writes there. Made and removed, not ``os.access``, which says
+    yes to root on a read-only file system and no to a folder a Landlock rule allows."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".host-kernel-write-check-", dir=workdir)
+    except OSError as exc:
+        raise CommandFailed(f"the workspace {workdir} is not writable "
+                            f"({exc.strerror or exc}): the kernel runs there and "
+                            f"host.write_file writes there; give a writable --workdir"
+                            ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _same_workspace(record: Path, workdir: Path) -> None:
+    """UsageError when the record folder ``record`` holds sessions that ran in another
+    workspace than ``workdir`` (``--other-workspace`` allows it). A record that cannot be
+    read is left to the Host, which refuses it with its own code."""
+    import os
+
+    from .._errors import RecordError
+    from ..store.ledger import SQLiteLedger
+
+    if not (record / LEDGER_NAME).is_file():
+        return
+    try:
+        with SQLiteLedger.open_readonly(record / LEDGER_NAME) as ledger:
+            rows = ledger.query("SELECT DISTINCT workdir FROM sessions WHERE workdir IS NOT "
+                                "NULL ORDER BY workdir")
+    except (RecordError, OSError, ValueError):
+        return
+    here = os.path.realpath(workdir)
+    others = [str(r["workdir"]) for r in rows if str(r["workdir"]) != here]
+    if others:
+        more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+        raise UsageError(f"--record {record} is the record of the workspace {others[0]}"
+                         f"{more}, not of {here}; give --other-workspace to add a session "
+                         f"of {here} to it, or leave --record out for this workspace's own "
+                         f"record")
 
 
 def _exec_run(args: argparse.Namespace) -> int:
     batch = [(Path(nb), *_exec_options(args, Path(nb))) for nb in args.notebook]
     if len(batch) == 1:
-        return _exec_one(args, *batch[0][1:])
+        return _exec_one(args, *batch[0])
     from ..host._pool import HostPool
 
     # Each notebook is a session of its own; all but the first start from a standby
@@ -109,7 +162,7 @@ def _exec_run(args: argparse.Namespace) -> int:
         for n, (notebook, workdir, nb, record, mode) in enumerate(batch, start=1):
             print_line(f"### notebook {n}/{len(batch)}: {notebook}")
             try:
-                code = _exec_one(args, workdir, nb, record, mode, pool=pool)
+                code = _exec_one(args, notebook, workdir, nb, record, mode, pool=pool)
             except CommandFailed as exc:
                 print_line(f"{PROG} exec: error: {exc}", sys.stderr)
                 code = EXIT_FAILED
@@ -119,8 +172,8 @@ def _exec_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | None,
-              mode: str | None, pool: Any = None) -> int:
+def _exec_one(args: argparse.Namespace, notebook: Path, workdir: Path, nb: Any,
+              record: Path | None, mode: str | None, pool: Any = None) -> int:
     cells = [(i, c) for i, c in enumerate(nb.cells, start=1)
              if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
 
@@ -132,7 +185,7 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     stopped_at: int | None = None
     host = Host(workdir, mode=mode, record_dir=record, front="cli",
                 network=not args.no_network, require_confinement=args.require_confinement,
-                pool=pool, **store_options(args),
+                pool=pool, notebook=str(notebook), **store_options(args),
                 **({"baseline": args.baseline} if args.baseline is not None else {}))
     t0 = time.monotonic()
     try:
@@ -144,18 +197,30 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     except OSError as exc:
         raise CommandFailed(f"the Host could not start: {exc.strerror or exc}: "
                             f"{exc.filename or ''}".rstrip(": ")) from None
+    running: tuple[int, int] | None = None  # (cell number, position) of the cell running
+    interrupted: tuple[int, int] | None = None
     try:
         for n, (index, cell) in enumerate(cells, start=1):
+            running = (index, n)
             obs = host.execute(str(cell.source), timeout=args.timeout)
+            running = None
             ran += 1
             print_line(f"--- cell {index} ({n}/{len(cells)} code): {obs.status}, "
-                   f"generation {obs.generation}, {obs.duration:.3f} s, id {obs.cell_id}")
+                       f"generation {obs.generation}, {obs.duration:.3f} s, id {obs.cell_id}")
             print_line(obs.text)
             if obs.status in FAILED_STATUSES:
                 failures[obs.status] = failures.get(obs.status, 0) + 1
                 if args.stop_on_error:
                     stopped_at = index
                     break
+    except KeyboardInterrupt:
+        # Ctrl-C: the Host has recorded the running cell `interrupted`. Say which, and
+        # where the record is, then main() says `interrupted` and exits 130.
+        interrupted = running
+        if interrupted is not None:
+            _print_interrupted(host, *interrupted, len(cells))
+        else:
+            raise
     finally:
         # Also on Ctrl-C (the running cell is recorded `interrupted`) and on a closed stdout.
         host.close()
@@ -164,14 +229,49 @@ def _exec_one(args: argparse.Namespace, workdir: Path, nb: Any, record: Path | N
     if failures:
         detail = " (" + ", ".join(f"{k} {v}" for k, v in sorted(failures.items())) + ")"
     stopped = f", stopped at cell {stopped_at}" if stopped_at is not None else ""
+    if interrupted is not None:
+        stopped = f", interrupted at cell {interrupted[0]}"
     where = f"{host.record_dir}" if host.ledger_url is None else \
         f"session {host.session_id} in --ledger {_redact(host.ledger_url)}"
     print_line(f"=== {plural(ran, 'cell')} run, {plural(errors, 'error')}{detail}{stopped}, "
-           f"{time.monotonic() - t0:.1f} s; record: {where}")
+               f"{time.monotonic() - t0:.1f} s; record: {where}")
     head = _final_head(host)
     if head is not None:
         print_line(f"head: {head}")
+    if interrupted is not None:
+        raise KeyboardInterrupt
     return EXIT_FAILED if errors else EXIT_OK
+
+
+def _print_interrupted(host: Any, index: int, n: int, total: int) -> None:
+    """The header line and outputs of the cell Ctrl-C stopped, as the record holds them
+    (the Host finished it ``interrupted`` before it re-raised the interruption)."""
+    import json
+
+    from ..browse import printable
+
+    ledger = getattr(host, "ledger", None)
+    rows = [] if ledger is None else ledger.query(
+        "SELECT cell_id, status, generation, started, ended, outputs FROM cells WHERE "
+        "session = ? ORDER BY seq_started DESC LIMIT 1", (host.session_id,))
+    if not rows:
+        print_line(f"--- cell {index} ({n}/{total} code): interrupted")
+        return
+    row = rows[0]
+    took = f", {row['ended'] - row['started']:.3f} s" \
+        if row["ended"] is not None and row["started"] is not None else ""
+    print_line(f"--- cell {index} ({n}/{total} code): {row['status']}, generation "
+               f"{row['generation']}{took}, id {row['cell_id']}")
+    text = []
+    for out in json.loads(row["outputs"] or "[]"):
+        if not isinstance(out, dict):
+            continue
+        if out.get("output_type") == "stream":
+            value = out.get("text", "")
+            text.append("".join(value) if isinstance(value, list) else str(value))
+        elif out.get("output_type") == "error":
+            text.append(f"{out.get('ename', '')}: {out.get('evalue', '')}\n")
+    print_line(printable("".join(text) or "(no output)", lines=True))
 
 
 def _redact(url: str) -> str:

@@ -26,6 +26,7 @@ from .common import (
     check_ledger_url,
     print_line,
     record_argument,
+    resolved_id,
 )
 
 __all__ = ["AUDIT", "LINEAGE", "LS", "RECEIPT", "SHOW"]
@@ -237,7 +238,9 @@ AUDIT = Command(
 
 
 def _lineage_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact_id", metavar="ARTIFACT_ID", help="the artifact's UUID")
+    parser.add_argument("artifact_id", metavar="ARTIFACT_ID",
+                        help="the artifact's UUID, or a prefix no other artifact id starts "
+                             "with")
     add_record_arguments(parser, positional=False, workdir=True)
     parser.add_argument("--format", choices=("text", "mermaid", "dot", "prov-json", "json",
                                              "in-toto"),
@@ -266,17 +269,18 @@ def _lineage_run(args: argparse.Namespace) -> int:
     from ..lineage.graph import record_lineage
 
     record = record_argument(args)
+    artifact = resolved_id(record, args.artifact_id, "artifact")
     if args.format == "in-toto":
         from ..lineage.graph import record_artifact_statement
 
         try:
-            statement = record_artifact_statement(record, args.artifact_id)
+            statement = record_artifact_statement(record, artifact)
         except FileProblem as exc:
             raise UsageError(exc.message) from None
         print_line(printable_json(statement, ascii_only=True))
         return EXIT_OK
     try:
-        graph = record_lineage(record, args.artifact_id).depth(args.depth)
+        graph = record_lineage(record, artifact).depth(args.depth)
     except FileProblem as exc:
         raise UsageError(exc.message) from None
     # Names, paths and commands in the graph come from the record: each is printed with
@@ -301,7 +305,8 @@ LINEAGE = Command(
 
 
 def _receipt_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("receipt_id", metavar="RECEIPT_ID", help="the receipt's UUID")
+    parser.add_argument("receipt_id", metavar="RECEIPT_ID",
+                        help="the receipt's UUID, or a prefix no other receipt id starts with")
     add_record_arguments(parser, positional=False, workdir=True)
 
 
@@ -312,7 +317,8 @@ def _receipt_run(args: argparse.Namespace) -> int:
 
     record = record_argument(args)
     try:
-        statement = record_receipt_statement(record, args.receipt_id)
+        statement = record_receipt_statement(record, resolved_id(record, args.receipt_id,
+                                                                 "receipt"))
     except FileProblem as exc:
         raise UsageError(exc.message) from None
     print_line(printable_json(statement, ascii_only=True))

@@ -287,7 +287,11 @@ def _events_file(value: str) -> Path:
     for folder in (path, default_record_dir(path), path / LEGACY_RECORD_NAME):
         if (folder / EVENTS_FILE).is_file():
             return folder / EVENTS_FILE
-    raise UsageError(f"{value}: no {EVENTS_FILE} there (is it a record of `host-kernel run`?)")
+    from ..store.ledger import RecordRefused
+
+    raise RecordRefused(f"no agent record at {value}: no {EVENTS_FILE} there, in its default "
+                        f"record folder, or in {path / LEGACY_RECORD_NAME} (is it a record of "
+                        f"`host-kernel run`?)", code="record_missing")
 
 
 def _trace_run(args: argparse.Namespace) -> int:
@@ -301,8 +305,10 @@ def _trace_run(args: argparse.Namespace) -> int:
     path = _events_file(args.record or args.record_option or str(Path.cwd()))
     sessions = sessions_in(path)
     if not sessions:
-        raise UsageError(f"{path}: no agent session in it (is it an agent-events.ndjson of "
-                         f"`host-kernel run`?)")
+        from ..store.ledger import RecordRefused
+
+        raise RecordRefused(f"{path}: no agent session in it (is it an agent-events.ndjson "
+                            f"of `host-kernel run`?)", code="record_missing")
     if args.list:
         for sid in sessions:
             sys.stdout.write(sid + "\n")

@@ -19,7 +19,8 @@ What a worker does with a task, every time it is given one (an **attempt**):
 3. starts a Host there, warm from its worker's :class:`~host_kernel.HostPool`,
    confined as every Host is, writing its record to ``<records>/<name>/attempt-<n>``,
    to the PostgreSQL ledger (``ledger=``) or, by default, to the workspace's own
-   record folder; a new session each time;
+   record folder, named after the task (``<name>-attempt-<n>-<hash>``); a new session
+   each time;
 4. runs it: a notebook's non-empty code cells in order through ``Host.execute``,
    stopping at the first that fails (``error``, ``timeout`` or ``kernel_died``);
    an agent task through :func:`~host_kernel.agent.loop.run_agent`;
@@ -47,13 +48,15 @@ A batch run again over the same ``records`` folder, or continued in its own work
 folder (``resume=True``, ``host-kernel batch --resume DIR``), skips each task an earlier
 session of which its record shows accepted (``skipped``) and runs the rest.
 
-Outcomes: ``accepted``; ``failed`` (the work ran and was not accepted); ``error``
-(it could not run: the Host did not start, the provider failed, the worker died more
-often than ``retries`` allows, its record could not be read back). A notebook is
-accepted when no code cell failed (as above) and every ``host.submit_output`` it made
-was accepted; a notebook that submits nothing is accepted on its cells alone (as
-``host-kernel exec`` exits 0). An agent task is accepted when its session ended with an
-accepted completion, which its record holds.
+Outcomes: ``accepted``; ``ran`` (a notebook that submitted nothing: every code cell ran
+``ok``, and no verdict accepted anything); ``failed`` (the work ran and was not
+accepted); ``error`` (it could not run: the Host did not start, the provider failed, the
+worker died more often than ``retries`` allows, its record could not be read back). A
+notebook is accepted when no code cell failed (as above) and every ``host.submit_output``
+it made was accepted, at least one; one that submits nothing ``ran`` (as ``host-kernel
+exec`` exits 0 for it, the batch does). An agent task is accepted when its session ended
+with an accepted completion, which its record holds. ``accepted`` and ``ran`` are done:
+a rerun, a resume or another worker does not run them again.
 
 Errors (the tree is drawn in :mod:`._errors`): :class:`BatchError`, the batch cannot run
 as asked; :class:`TaskInvalid`, a task that cannot run; :class:`SchedulerUnreachable`, no

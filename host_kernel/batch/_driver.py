@@ -11,11 +11,14 @@ worker does with a task (:mod:`._worker`) or the command line (:mod:`.commands`)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +79,9 @@ def _client(scheduler: Any, workers: int, retries: int, timeout: float) -> Itera
         with client:
             yield client
         return
-    with local_cluster(workers, retries=retries) as cluster, dist.Client(cluster) as client:
+    with tempfile.TemporaryDirectory(prefix="hk-dask-") as scratch, \
+            local_cluster(workers, retries=retries, local_directory=scratch) as cluster, \
+            dist.Client(cluster) as client:
         yield client
 
 
@@ -88,8 +93,19 @@ def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs:
     died given to another worker at most ``retries`` times. ``kwargs`` go to LocalCluster
     (``env=`` for the workers' environment). For several batches on one cluster: ``with
     local_cluster() as cluster, Client(cluster) as client: run_batch(tasks,
-    scheduler=client)``."""
+    scheduler=client)``.
+
+    The scheduler's and the workers' scratch folders (Dask's ``dask-scratch-space``) are
+    made in ``local_directory`` (default: a temporary folder of its own, removed once the
+    cluster is gone), never left in ``$TMPDIR``."""
     import dask
+
+    scratch = kwargs.pop("local_directory", None)
+    if scratch is None:
+        scratch = tempfile.mkdtemp(prefix="hk-dask-")
+        owned = True
+    else:
+        owned = False
 
     # Mutual TLS with certificates made for this cluster and held in memory: a kernel on
     # this machine can reach the scheduler's and the workers' ports on loopback, and a
@@ -102,8 +118,31 @@ def local_cluster(workers: int = 2, *, retries: int = DEFAULT_RETRIES, **kwargs:
     # Read when the scheduler starts. A worker is sent only the task it runs (saturation
     # 1.0, one thread): none waits queued on a worker, to be lost with it when it dies.
     with dask.config.set({"distributed.scheduler.allowed-failures": retries,
-                          "distributed.scheduler.worker-saturation": 1.0}):
-        return _distributed().LocalCluster(**options)
+                          "distributed.scheduler.worker-saturation": 1.0,
+                          "temporary-directory": str(scratch)}):
+        cluster = _cluster_class()(local_directory=str(scratch), **options)
+    if owned:
+        cluster.scratch = scratch
+        weakref.finalize(cluster, shutil.rmtree, scratch, True)  # if it is never closed
+    return cluster
+
+
+@functools.cache
+def _cluster_class() -> Any:
+    """distributed's LocalCluster, which removes its own scratch folder (``scratch``, when
+    :func:`local_cluster` made one) once closed. Made on first use: it imports Dask."""
+
+    class ScratchCluster(_distributed().LocalCluster):  # type: ignore[misc]
+        scratch: str | None = None
+
+        def close(self, timeout: float | None = None) -> Any:
+            try:
+                return super().close(timeout)
+            finally:
+                if self.scratch is not None and not self.asynchronous:
+                    shutil.rmtree(self.scratch, ignore_errors=True)
+
+    return ScratchCluster
 
 
 def _check_roots(tasks: list[Task], root: Path, records: Path | None,
@@ -190,7 +229,7 @@ def _skipped(tasks: list[Task], settings: Settings, resume: bool) -> dict[int, T
         if found is not None:
             word, earlier = found
             out[i] = _ledger.summary_of(task, word, earlier,
-                                        f"skipped: accepted in session {word.session}",
+                                        f"skipped: {{outcome}} in session {word.session}",
                                         skipped=True)
     return out
 
@@ -213,7 +252,7 @@ def _lost(task: Task, exc: BaseException, settings: Settings) -> TaskSummary:
             if found is not None:
                 word, earlier = found
                 return _ledger.summary_of(
-                    task, word, earlier, f"accepted in attempt {earlier.attempt} (session "
+                    task, word, earlier, f"{{outcome}} in attempt {earlier.attempt} (session "
                     f"{word.session}); its worker died after", skipped=False,
                     abandoned=sessions)
     if isinstance(exc, TaskNotStarted):

@@ -28,14 +28,16 @@ from typing import Any, TypeVar
 from ._status import _read_json, _signed
 from ._summary import ArtifactBrief, TaskSummary, VerdictBrief
 
-__all__ = ["Earlier", "Word", "accepted_earlier", "decide", "ledger_sessions", "one_line",
-           "patiently", "read_word", "unavailable", "words_in_folder"]
+__all__ = ["DONE", "Earlier", "Word", "accepted_earlier", "attempt_record", "decide", "ledger_sessions",
+           "one_line", "patiently", "read_word", "unavailable", "words_in_folder"]
 
 T = TypeVar("T")
 
 #: Cell statuses that fail a notebook (as ``host-kernel exec`` counts them). An
 #: ``interrupted`` or ``host_died`` cell is the Host's failure, not the notebook's.
 FAILED_STATUSES = frozenset({"error", "timeout", "kernel_died"})
+#: Outcomes of a task that is done: not run again by a rerun, a resume or another worker.
+DONE = frozenset({"accepted", "ran"})
 #: Refusal codes of a record that is missing or empty: no session of it to read.
 _NOTHING = frozenset({"record_missing", "ledger_empty"})
 
@@ -249,9 +251,10 @@ def decide(kind: str, word: Word, *, ran: TaskSummary | None, failure: str | Non
     the notebook's cell number of each code cell it runs, in order.
 
     A notebook is ``failed`` when a cell failed or a verdict was refused; else
-    ``accepted`` when its run finished, or when the session holds an accepted verdict
-    (whatever happened to the worker afterwards), or, asked from the ledger alone, when
-    its Host closed it after every code cell ran ``ok``; else ``error``. An agent task is
+    ``accepted`` when the session holds an accepted verdict (whatever happened to the
+    worker afterwards); else ``ran`` (it submitted nothing) when its run finished or,
+    asked from the ledger alone, when its Host closed it after every code cell ran
+    ``ok``; else ``error``. An agent task is
     ``accepted`` when its session's last verdict is accepted and the loop did not end
     otherwise; else the loop's own outcome, or ``error`` when it never ended.
     """
@@ -278,14 +281,15 @@ def decide(kind: str, word: Word, *, ran: TaskSummary | None, failure: str | Non
     if refused:
         codes = ", ".join(dict.fromkeys(c for v in refused for c in v.refusals))
         return "failed", f"refused: {codes}", word.cause or f"submission_refused: {codes}"
-    if ran is not None or accepted:
-        cells = len(word.cells)
+    cells = len(word.cells)
+    if accepted:
         detail = (f"{cells} cell{'s' * (cells != 1)} ok, {len(accepted)} "
                   f"submission{'s' * (len(accepted) != 1)} accepted")
         return "accepted", detail + after, None
-    if failure is None and word.ended == "closed" and numbers is not None \
-            and len(word.cells) == len(numbers) and all(s == "ok" for s in word.cells):
-        return "accepted", f"{len(word.cells)} cells ok, 0 submissions accepted", None
+    if ran is not None or (failure is None and word.ended == "closed" and numbers is not None
+                           and cells == len(numbers) and all(s == "ok" for s in word.cells)):
+        # Every code cell ran ok and nothing was submitted: no verdict to call accepted.
+        return "ran", f"{cells} cell{'s' * (cells != 1)} ok, no submission" + after, None
     return "error", "could not run", failure or word.cause or (
         "the session never ended" if word.ended is None else
         "the session ended before every cell ran")
@@ -307,10 +311,19 @@ def _number(name: str) -> int | None:
     return int(tail) if name.startswith("attempt-") and tail.isdigit() else None
 
 
-def _from_statuses(folder: Path, records: str | None, name: str, skip_batch: str | None,
-                   secret: bytes) -> list[Earlier]:
+def attempt_record(name: str, workspace: Path) -> Path:
+    """The record folder of the attempt whose workspace is ``workspace``, of the task
+    ``name``, when the batch names no records folder: the workspace's default record
+    folder (under ``$XDG_STATE_HOME/host_kernel/records/``), named after the task too,
+    ``NAME-attempt-N-HASH``, not ``attempt-N-HASH`` as every task's would be."""
     from .._paths import default_record_dir
 
+    default = default_record_dir(workspace)
+    return default.with_name(f"{name}-{default.name}")
+
+
+def _from_statuses(folder: Path, records: str | None, name: str, skip_batch: str | None,
+                   secret: bytes) -> list[Earlier]:
     found: list[Earlier] = []
     for path in sorted(folder.glob("attempt-*.json")) if folder.is_dir() else []:
         n = _number(path.name)
@@ -329,7 +342,7 @@ def _from_statuses(folder: Path, records: str | None, name: str, skip_batch: str
         record = status.get("record")
         if not isinstance(record, str):
             record = str(Path(records) / name / f"attempt-{n}") if records else \
-                str(default_record_dir(workspace))
+                str(attempt_record(name, workspace))
         found.append(Earlier(n, session, str(workspace), record))
     return found
 
@@ -393,15 +406,19 @@ def accepted_earlier(task: Any, *, workspaces: str, records: str | None, ledger:
                     earlier.workspace):
                 continue  # a status naming a session that ran elsewhere proves nothing
             outcome, _, _ = decide(task.kind, word, ran=None, failure=None, numbers=numbers)
-            if outcome == "accepted":
+            if outcome in DONE:
                 return word, earlier
     return None
 
 
 def summary_of(task: Any, word: Word, earlier: Earlier, detail: str, *,
                skipped: bool, abandoned: Iterable[str] = ()) -> TaskSummary:
-    """The summary of a task found accepted in ``word`` (an earlier session of it)."""
-    return TaskSummary(task.name, task.kind, "accepted", earlier.attempt,
+    """The summary of a task found done in ``word`` (an earlier session of it):
+    ``accepted``, or ``ran`` for a notebook that ran whole and submitted nothing (``{outcome}``
+    in ``detail`` says which)."""
+    outcome = "accepted" if any(v.accepted for v in word.verdicts) else "ran"
+    detail = detail.replace("{outcome}", outcome)
+    return TaskSummary(task.name, task.kind, outcome, earlier.attempt,
                        session_id=word.session, verdicts=word.verdicts,
                        artifacts=word.artifacts, record=word.record,
                        workspace=earlier.workspace, confinement=word.confinement,

@@ -15,7 +15,10 @@ from typing import Any
 
 __all__ = ["OUTCOMES", "ArtifactBrief", "BatchResult", "TaskSummary", "VerdictBrief"]
 
-OUTCOMES = ("accepted", "failed", "error")
+#: How a task ended: ``accepted`` (its submissions, or its agent's completion, accepted);
+#: ``ran`` (a notebook whose code cells all ran ok and that submitted nothing: no verdict,
+#: so nothing accepted); ``failed``; ``error``.
+OUTCOMES = ("accepted", "ran", "failed", "error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,11 @@ class TaskSummary:
         return self.outcome == "accepted"
 
     @property
+    def ok(self) -> bool:
+        """Whether the task ended as it should: ``accepted``, or ``ran`` (no submission)."""
+        return self.outcome in ("accepted", "ran")
+
+    @property
     def verdict(self) -> VerdictBrief | None:
         """The deciding verdict: the first refused one, else the last; None without any."""
         refused = [v for v in self.verdicts if not v.accepted]
@@ -133,13 +141,18 @@ class BatchResult:
 
     @property
     def accepted(self) -> bool:
-        """Whether every task was accepted."""
+        """Whether every task was accepted (a notebook that only ran was not)."""
         return all(s.accepted for s in self.summaries)
 
     @property
+    def ok(self) -> bool:
+        """Whether every task was accepted or, submitting nothing, ran (the exit code 0)."""
+        return all(s.ok for s in self.summaries)
+
+    @property
     def failed(self) -> tuple[TaskSummary, ...]:
-        """The tasks not accepted (outcome ``failed`` or ``error``)."""
-        return tuple(s for s in self.summaries if not s.accepted)
+        """The tasks that failed (outcome ``failed`` or ``error``)."""
+        return tuple(s for s in self.summaries if not s.ok)
 
     @property
     def reruns(self) -> int:

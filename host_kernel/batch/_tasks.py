@@ -180,13 +180,11 @@ def _checked(tasks: Iterable[Task]) -> list[Task]:
 
 
 def _check_notebook(path: Path) -> None:
-    nbformat = _nbformat()
-
     if not path.is_file():
         raise TaskInvalid(f"no such file: {path}" if not path.exists() else
                           f"not a file: {path}")
     try:
-        nbformat.read(path, as_version=4)
+        read_quietly(path)
     except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds; any is a refusal
         raise TaskInvalid(f"not a notebook: {path}: {str(exc).splitlines()[0][:200]}"
                           ) from None
@@ -197,6 +195,14 @@ def _nbformat() -> Any:
 
     return nbformat
 
+
+def read_quietly(path: Path) -> Any:
+    """The notebook at ``path`` (nbformat 4), read without nbformat's warnings (a cell
+    without an id is given one quietly, as ``exec`` reads it)."""
+    from .._cli.common import quiet_nbformat
+
+    with quiet_nbformat():
+        return _nbformat().read(path, as_version=4)
 
 
 def keep_tasks(root: Path, tasks: list[Task], records: str | None, ledger: str | None) -> None:

@@ -28,7 +28,7 @@ from ._errors import TaskInvalid, TaskNotStarted
 from ._ledger import FAILED_STATUSES
 from ._status import _read_json, _signature, _signed, _write_json
 from ._summary import TaskSummary
-from ._tasks import Task, _nbformat
+from ._tasks import Task, read_quietly
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..host._options import HostOptions
@@ -204,7 +204,7 @@ class _Attempt:
 
 def notebook_cells(path: Path) -> list[tuple[int, str]]:
     """The code cells a notebook task runs: ``(cell number, code)`` of each non-empty one."""
-    nb = _nbformat().read(path, as_version=4)
+    nb = read_quietly(path)
     return [(i, str(c.source)) for i, c in enumerate(nb.cells, start=1)
             if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
 
@@ -238,15 +238,17 @@ def run_task(task: Task, settings: Settings) -> TaskSummary:
         raise
     if found is not None:
         word, earlier = found
-        return _ledger.summary_of(task, word, earlier, f"accepted in attempt {earlier.attempt} "
-                                  f"(session {word.session}); not run again", skipped=False)
+        return _ledger.summary_of(task, word, earlier, f"{{outcome}} in attempt "
+                                  f"{earlier.attempt} (session {word.session}); not run again",
+                                  skipped=False)
     records = Path(settings.records) / task.name if settings.records else None
     attempt, workspace, finished, abandoned = _claim(folder, settings.batch, settings.secret,
                                                      records)
     if finished is not None:
         return finished  # the result was lost with its worker, not the session
     status = folder / f"attempt-{attempt}.json"
-    record = str(records / f"attempt-{attempt}") if records is not None else None
+    record = str(records / f"attempt-{attempt}") if records is not None else \
+        str(_ledger.attempt_record(task.name, workspace))
     base = TaskSummary(task.name, task.kind, "error", attempt, workspace=str(workspace),
                        worker=worker, abandoned=tuple(abandoned))
     state = _Attempt()
@@ -346,7 +348,8 @@ def _run_notebook(task: Task, workspace: Path, record: str | None, settings: Set
 
     cells = notebook_cells(workspace / Path(task.source).name)
     host = Host(workspace, mode=task.mode, record_dir=record,
-                options=_host_options(settings, pool))
+                options=_host_options(settings, pool),
+                notebook=str(workspace / Path(task.source).name))
     started(host.session_id, str(host.record_dir))
     with host:
         state.opened = True

@@ -3,8 +3,8 @@
 Owns the command's arguments (``--resume BATCH_DIR`` among them), its progress display (a
 bar on a terminal; when not on one, whole lines only: one per update, never a bar or a
 carriage return; JSON lines with ``--json``), the results table (a task not accepted
-says why in one line, its cause) and the exit code (0 every task accepted, 1 one was not or the batch could not run, 2 usage, 130
-Ctrl-C). The work is :func:`host_kernel.batch.run_batch`; Dask is imported only when
+says why in one line, its cause) and the exit code (0 every task accepted, or ran when it
+submits nothing; 1 one failed or the batch could not run; 2 usage; 130 Ctrl-C). The work is :func:`host_kernel.batch.run_batch`; Dask is imported only when
 the command runs, so ``host-kernel --help`` works without it.
 """
 
@@ -213,8 +213,8 @@ def _checked_numbers(args: argparse.Namespace) -> None:
 
 
 #: The detail of a task accepted as expected, left off its progress line.
-_ROUTINE = re.compile(r"^(\d+ cells? ok, \d+ submissions? accepted|accepted after \d+ "
-                      r"step\(s\))$")
+_ROUTINE = re.compile(r"^(\d+ cells? ok, (\d+ submissions? accepted|no submission)|accepted "
+                      r"after \d+ step\(s\))$")
 
 
 def _why(s: TaskSummary) -> str:
@@ -230,7 +230,7 @@ def _line(done: int, total: int, s: TaskSummary) -> str:
     if s.skipped:
         return f"[{done}/{total}] {s.name} ({s.kind}): {_why(s)}"
     rerun = f", attempt {s.attempt}" if s.attempt > 1 else ""
-    why = f": {_why(s)}" if not s.accepted or not _ROUTINE.match(s.detail) else ""
+    why = f": {_why(s)}" if not s.ok or not _ROUTINE.match(s.detail) else ""
     return f"[{done}/{total}] {s.name} ({s.kind}): {s.outcome}{rerun}, {s.seconds:.1f} s{why}"
 
 
@@ -254,7 +254,7 @@ class _Progress:
             )
 
             self.bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[failed]} not accepted"),
+                                TextColumn("{task.fields[failed]} failed"),
                                 TimeElapsedColumn(), console=Console(file=out),
                                 transient=True)
             self.task = self.bar.add_task("batch", total=total, failed=0)
@@ -267,7 +267,7 @@ class _Progress:
             self.out.write(json.dumps({"type": "task", **summary.to_dict()}) + "\n")
             self.out.flush()
         elif self.bar is not None:
-            self.failed += not summary.accepted
+            self.failed += not summary.ok
             self.bar.console.print(_line(self.done, self.total, summary), markup=False,
                                    highlight=False)
             self.bar.update(self.task, advance=1, failed=self.failed)
@@ -316,12 +316,13 @@ def _summary_line(result: BatchResult, records: str | None) -> str:
     counts = result.counts()
     reruns = (f"; {_plural(result.reruns, 'rerun')} after a worker died"
               if result.reruns else "")
-    skipped = (f"; {len(result.skipped)} skipped (accepted earlier)" if result.skipped else "")
+    skipped = (f"; {len(result.skipped)} skipped (done earlier)" if result.skipped else "")
+    ran = f"{counts['ran']} ran (no submission), " if counts["ran"] else ""
     where = (f"ledger {result.ledger}" if result.ledger else
              f"records in {records}" if records else "each workspace's own record")
     return (f"=== {_plural(len(result.summaries), 'task')} on "
             f"{_plural(result.workers, 'worker')}: {counts['accepted']} accepted, "
-            f"{counts['failed']} failed, {_plural(counts['error'], 'error')}{skipped}{reruns}; "
+            f"{ran}{counts['failed']} failed, {_plural(counts['error'], 'error')}{skipped}{reruns}; "
             f"{result.seconds:.1f} s ({result.sessions_per_minute:.1f} sessions/min)\n"
             f"workspaces: {result.workspaces}; {where}")
 
@@ -337,11 +338,11 @@ def _run(args: argparse.Namespace) -> int:
         tasks = _tasks(args)
     llm = _llm(args, tasks)
     records = _records(args.records if args.resume is None else kept)
-    from importlib.util import find_spec
-
-    if find_spec("distributed") is None:
-        raise CommandFailed("host-kernel batch needs Dask, which is not installed: "
-                            "pip install 'dask[distributed]'")
+    try:
+        import distributed  # noqa: F401 - only whether it can be imported
+    except ImportError:
+        raise CommandFailed("host-kernel batch needs Dask, which is not installed: install "
+                            "host-kernel with its scale extra, pip install 'host-kernel[scale]'") from None
     from . import BatchError, SchedulerUnreachable, run_batch
 
     workspaces = args.resume or args.workspaces or (
@@ -367,7 +368,7 @@ def _run(args: argparse.Namespace) -> int:
         _table(result, out)
         out.write(_summary_line(result, None if records is None else str(records)) + "\n")
     out.flush()
-    return EXIT_OK if result.accepted else EXIT_FAILED
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 BATCH = Command(
@@ -382,7 +383,8 @@ BATCH = Command(
         "accepted. A task an earlier batch's record (in --records, or in --resume "
         "BATCH_DIR) shows accepted is skipped. Progress as tasks finish (whole lines when "
         "not on a terminal, JSON lines with --json), then a results table giving each "
-        "failure's cause. Exit 0 when every task was accepted, 1 when one was not (or the "
+        "failure's cause. Exit 0 when every task was accepted (or, a notebook that submits "
+        "nothing, ran: outcome `ran`), 1 when one was not (or the "
         "cluster could not be reached), 2 for usage errors."),
     add_arguments=_arguments,
     run=_run,

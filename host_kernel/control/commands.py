@@ -8,6 +8,7 @@ the registry and the shared exit-code rules). The work is done by
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from typing import cast
@@ -23,6 +24,9 @@ from ..cli import (
 )
 
 __all__ = ["COMMANDS"]
+
+#: jupyter_client's rule for a kernel's name (it is a folder's name).
+_KERNEL_NAME = re.compile(r"[a-z0-9._-]+", re.IGNORECASE)
 
 
 def _install_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +63,9 @@ def _install_run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     prefix = sys.prefix if args.sys_prefix else args.prefix
     name = args.name or KERNEL_NAME
+    if not _KERNEL_NAME.fullmatch(name):  # checked before jupyter_client makes a temp folder
+        raise UsageError(f"--name {name!r}: a kernelspec's name is ASCII letters, digits, "
+                         f"'.', '_' and '-' only")
     writable_record(args.record)  # a file there is refused now, not at the first session
     try:
         path = install(name, user=args.user, prefix=prefix, mode=mode, record=args.record,

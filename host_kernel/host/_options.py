@@ -15,6 +15,7 @@ as ``Host(workdir, options=opts)``, with keywords on top where they differ.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,11 @@ class HostOptions:
     #: inputs are kept by hash only, and each cell's record says which (docs/record.md,
     #: "Inputs kept"). 0 keeps none.
     input_budget: int = DEFAULT_INPUT_BUDGET
+    #: The notebook file the session runs (``host-kernel exec``, a batch's notebook task):
+    #: ``session_started`` records its path (workspace-relative when inside it) and the
+    #: sha256 of its bytes, so an export can put its markdown cells back (docs/record.md).
+    #: None: the session runs no notebook file (an agent, the API, a Jupyter frontend).
+    notebook: str | None = None
     #: Derived in __post_init__: every environment variable name kept from the kernel.
     hidden_env: frozenset[str] = field(default=frozenset(), init=False, repr=False)
 
@@ -198,6 +204,12 @@ class HostOptions:
         if self.baseline is not None and self.resume is not None:
             raise BadArguments("baseline with resume: a session's baseline is chosen when it "
                                "starts, and a resumed session keeps its own")
+        if self.notebook is not None:
+            if not isinstance(self.notebook, (str, os.PathLike)) or not os.fspath(
+                    self.notebook):
+                raise BadArguments("notebook must be the path of the notebook file the "
+                                   "session runs, or None")
+            object.__setattr__(self, "notebook", os.fspath(self.notebook))
         # Paths may be given as any os.PathLike; the record keeps strings.
         object.__setattr__(self, "read_paths", _paths(self.read_paths))
         object.__setattr__(self, "hide_paths", _paths(self.hide_paths))

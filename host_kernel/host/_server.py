@@ -35,6 +35,7 @@ import os
 import re
 import socket
 import socketserver
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -443,6 +444,15 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             request.send(reply)
         except OSError:
             pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection the kernel dropped (its process interrupted by Ctrl-C, killed, or
+        restarted while a call ran) ends its thread quietly: socketserver's default prints
+        a traceback on the Host's stderr, the user's terminal. Anything else is still
+        printed, as a fault of the Host's own."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         try:

@@ -7,7 +7,8 @@ Host ended or died, closing the record's sessions whose Host died, and the
 record's sessions lock that makes the last two exclusive between Hosts. It does
 not start kernels (host/_generations.py) or run cells (host/_cells.py).
 
-It also records the ``codebase_change`` baseline before any kernel of the
+It records the notebook file the session runs (``HostOptions.notebook``: its path and
+sha256), and the ``codebase_change`` baseline before any kernel of the
 session starts, with whether it is trusted (host/_baseline.py judges that): a
 revision the user named from outside (``Host(baseline=REV)``) is read then, or
 the Host stops. Every session records the HEAD it started on (``git_head``), so
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -91,6 +93,7 @@ class Session:
         # Before anything is recorded and any kernel starts: a revision the user named that
         # cannot be read stops the Host here.
         baseline = self._baseline()
+        notebook = self._notebook()
         head = baseline.get("commit") if baseline is not None else head_commit(self.workdir)
         record.append("session_started", {
             "workdir": str(self.workdir), "record_dir": str(record.record_dir),
@@ -99,12 +102,32 @@ class Session:
             "host": socket.gethostname(), "confinement": launch.confinement,
             "kernel_env": launch.kernel_env, **record.stores_named(),
             **({"git_head": head} if isinstance(head, str) else {}),
+            **({"notebook": notebook} if notebook is not None else {}),
         })
         if baseline is not None:
             # Before any cell runs: the bytes the change applies to, kept where the
             # kernel cannot reach (the workspace, .git included, is writable to it).
             record.append("baseline_recorded", baseline)
         self.close_abandoned(strict=False)
+
+    def _notebook(self) -> dict[str, Any] | None:
+        """``session_started``'s ``notebook``: the path of the notebook file the session runs
+        (``HostOptions.notebook``; workspace-relative when it lies inside the workspace,
+        else absolute) and the sha256 of its bytes now; None when it runs none."""
+        given = self.record._options.notebook  # the options the record was opened with
+        if given is None:
+            return None
+        path = Path(os.path.realpath(given))
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as exc:
+            raise BadArguments(f"notebook {given}: cannot read it: "
+                               f"{exc.strerror or exc}") from None
+        try:
+            shown = path.relative_to(self.workdir).as_posix()
+        except ValueError:
+            shown = str(path)
+        return {"path": shown, "sha256": digest}
 
     def _baseline(self) -> dict[str, Any] | None:
         """The ``baseline_recorded`` body of an armed codebase_change session, with whether

@@ -303,7 +303,8 @@ def record_artifact_statement(record_dir: str | Path, artifact_id: str) -> dict[
 
 def receipt_statement(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
     """A receipt as an in-toto Statement v1 with a link predicate."""
-    rows = ledger.query("SELECT body FROM receipts WHERE receipt_id = ?", (receipt_id,))
+    rows = ledger.query("SELECT body, session FROM receipts WHERE receipt_id = ?",
+                        (receipt_id,))
     if not rows:
         raise FileProblem(f"no receipt {receipt_id!r} in this record")
     r = json.loads(rows[0]["body"])
@@ -315,6 +316,7 @@ def receipt_statement(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
     materials = []
     if r.get("executable") and r.get("executable_sha256"):
         materials.append({"name": r["executable"], "digest": {"sha256": r["executable_sha256"]}})
+    materials += _read_materials(ledger, r, rows[0]["session"])
     return {
         "_type": "https://in-toto.io/Statement/v1",
         "subject": subjects,
@@ -341,6 +343,41 @@ def receipt_statement(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
             },
         },
     }
+
+
+def _read_materials(ledger: Ledger, receipt: dict[str, Any], session: str) -> list[Any]:
+    """The workspace files the receipt's command read, as the Host's tracer saw them
+    (``traced.reads``, less the files it changed): each named by its workspace path, with
+    a ``file://`` URI under the session's workspace and, when its cell's ``inputs_kept``
+    holds one, the sha256 the Host read (several when the cell read it at several)."""
+    traced = receipt.get("traced")
+    if not isinstance(traced, dict):
+        return []  # untraced: no observed reads to list
+    changed = {c.get("path") for c in receipt.get("changes") or () if isinstance(c, dict)}
+    reads = [p for p in dict.fromkeys(traced.get("reads") or ())
+             if isinstance(p, str) and p not in changed]
+    if not reads:
+        return []
+    digests: dict[str, list[str]] = {}
+    for row in ledger.query("SELECT body FROM events WHERE session = ? AND kind = "
+                            "'cell_finished'", (session,)):
+        body = json.loads(row["body"])
+        if body.get("cell_id") != receipt.get("cell_id"):
+            continue
+        kept = body.get("inputs_kept") or {}
+        for entry in [*(kept.get("kept") or ()), *(kept.get("by_hash_only") or ())]:
+            if isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[1], str):
+                digests.setdefault(str(entry[0]), []).append(entry[1])
+    workdir = ledger.query("SELECT workdir FROM sessions WHERE session = ?", (session,))
+    root = str(workdir[0]["workdir"]).rstrip("/") if workdir and workdir[0]["workdir"] else ""
+    out: list[Any] = []
+    for path in reads:
+        uri = {"uri": f"file://{root}/{path}"} if root else {}
+        shas = list(dict.fromkeys(digests.get(path, ())))
+        if not shas:
+            out.append({"name": path, **uri})
+        out += [{"name": path, **uri, "digest": {"sha256": sha}} for sha in shas]
+    return out
 
 
 # --------------------------------------------------------------------------- verified readers
