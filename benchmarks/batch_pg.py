@@ -16,9 +16,10 @@ refused when it is not the tree asked for. Measured per batch:
 * wall seconds and sessions a minute (after a warm-up batch of two on the same
   cluster: imports, the pools' first standbys);
 * the median task's seconds, as its worker measured it;
-* CPU seconds per session of the whole batch's process tree (driver, scheduler,
-  workers, kernels, sandboxes), from ``getrusage`` of the finished process, and
-  of the PostgreSQL server (its processes' times from ``/proc``).
+* CPU seconds per session of the PostgreSQL server (its processes' times from
+  ``/proc``). The batch's own processes are not summed: a kernel's process is
+  reaped inside its sandbox, so ``getrusage`` of the batch's process misses most of
+  the kernels' time; docs/scale.md says how the kernels' CPU was measured.
 
 It is not part of ``python -m benchmarks.run``: it needs a commit to compare
 with and a PostgreSQL installation. docs/scale.md ("Throughput") has the figures.
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -74,9 +74,9 @@ def notebooks(folder: Path, n: int) -> list[Path]:
 
 def child(args: argparse.Namespace) -> None:
     """One timed batch with whichever host_kernel this process imports; JSON on stdout."""
-    import host_kernel
     from distributed import Client
 
+    import host_kernel
     from host_kernel.batch import Task, local_cluster, run_batch
 
     work = Path(args.work)
@@ -94,7 +94,8 @@ def child(args: argparse.Namespace) -> None:
         cluster.close()
     tasks_s = sorted(s.seconds or 0.0 for s in result.summaries)
     print(json.dumps({"host_kernel": host_kernel.__file__, "seconds": seconds,
-                      "accepted": len(result.accepted), "tasks": len(tasks),
+                      "accepted": sum(s.outcome == "accepted" for s in result.summaries),
+                      "tasks": len(tasks),
                       "task_median": tasks_s[len(tasks_s) // 2]}))
 
 
@@ -121,14 +122,12 @@ def one_batch(tree: Path, ledger: str, tasks: int, workers: int, pg_folder: str
               ) -> dict[str, Any]:
     """Run :func:`child` in a process whose imports come from ``tree``."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server = _server_cpu(pg_folder)
     with tempfile.TemporaryDirectory(prefix="hk-batch-pg-") as work:
         done = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--child", "--work", work,
              "--ledger", ledger, "--tasks", str(tasks), "--workers", str(workers)],
             capture_output=True, text=True, env=env, cwd=work, timeout=1800, check=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"the batch with {tree} failed:\n{done.stderr[-3000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -136,9 +135,7 @@ def one_batch(tree: Path, ledger: str, tasks: int, workers: int, pg_folder: str
         raise RuntimeError(f"the batch meant for {tree} imported {out['host_kernel']}")
     if out["accepted"] != tasks:
         raise RuntimeError(f"only {out['accepted']} of {tasks} tasks accepted with {tree}")
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    # The warm-up's two sessions ran in the same process: CPU is shared out over all.
-    out["cpu_per_session"] = cpu / (tasks + 2)
+    # The warm-up's two sessions ran on the same server: its CPU is shared out over all.
     out["pg_cpu_per_session"] = (_server_cpu(pg_folder) - server) / (tasks + 2)
     return out
 
@@ -210,8 +207,6 @@ def _report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, rev
     rows = [("sessions a minute", lambda s: 60 * args.tasks / med(s, "seconds"), "{:.1f}"),
             ("batch wall seconds", lambda s: med(s, "seconds"), "{:.1f}"),
             ("task seconds (median task)", lambda s: med(s, "task_median"), "{:.2f}"),
-            ("CPU seconds a session (batch processes)", lambda s: med(s, "cpu_per_session"),
-             "{:.2f}"),
             ("CPU seconds a session (PostgreSQL)", lambda s: med(s, "pg_cpu_per_session"),
              "{:.3f}")]
     lines = [f"{args.tasks} notebook sessions a batch, {args.workers} workers, PostgreSQL "
