@@ -57,6 +57,41 @@ def test_the_kernels_history_is_in_memory_and_in_and_i_still_work(host: Host) ->
     assert "'a + 1'" in manager
 
 
+def test_a_host_kernel_package_a_cell_leaves_in_the_workspace_does_not_stop_the_next_kernel(
+        host: Host, workdir: Path) -> None:
+    # The kernel is launched by this installation's package, not by whatever
+    # `host_kernel` comes first on the session's path (the workspace, the overlay).
+    plant = ("import os\n"
+             "for root in ('.', os.environ.get('PIP_TARGET') or '.'):\n"
+             "    d = os.path.join(root, 'host_kernel', 'kernel')\n"
+             "    os.makedirs(d, exist_ok=True)\n"
+             "    for f in ('__init__.py', 'kernel/__init__.py'):\n"
+             "        open(os.path.join(root, 'host_kernel', f), 'w').write('')\n"
+             "    open(os.path.join(d, 'launch.py'), 'w').write("
+             "\"open('planted-ran', 'w')\\ndef main():\\n    return 3\\n\")\n")
+    run_ok(host, plant)
+    assert (workdir / "host_kernel" / "kernel" / "launch.py").is_file()
+    assert host.restart() == 2
+    assert "42" in run_ok(host, "print(6 * 7)")
+    assert not (workdir / "planted-ran").exists()
+    assert "size=1" in run_ok(host, "print('size=%d' % host.write_file('w.txt', 'x').size)")
+
+
+def test_the_control_kernelspec_runs_our_relay_whatever_its_folder_holds(tmp_path: Path) -> None:
+    from host_kernel.control.kernelspec import kernel_json
+    planted = tmp_path / "host_kernel" / "control"
+    planted.mkdir(parents=True)
+    (tmp_path / "host_kernel" / "__init__.py").write_text("")
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text("open('planted-ran', 'w')\nraise SystemExit(3)\n")
+    argv = kernel_json()["argv"]
+    done = subprocess.run([*argv[:argv.index("-f")], "--help"], check=False, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "host_kernel.control" in done.stdout
+    assert not (tmp_path / "planted-ran").exists()
+
+
 # -- what one cell commits -----------------------------------------------------------------------
 
 

@@ -147,7 +147,7 @@ def test_install_writes_a_kernelspec_that_launches_the_control_kernel(tmp_path: 
     with kernelspecs(tmp_path) as prefix:
         spec = KernelSpecManager().get_kernel_spec("host_kernel")
         assert spec.display_name == "Python 3 (host_kernel)"
-        assert spec.argv[1:] == ["-m", "host_kernel.control", "-f", "{connection_file}"]
+        assert spec.argv[1:] == ["-P", "-m", "host_kernel.control", "-f", "{connection_file}"]
         assert Path(spec.argv[0]).name.startswith("python")
         assert spec.interrupt_mode == "message"
         armed = KernelSpecManager().get_kernel_spec("host_kernel_pipeline")

@@ -1,7 +1,7 @@
 """The control kernel's kernelspec: writing, installing and removing it.
 
 Owns ``kernel.json`` for the control kernel: its argv runs
-``python -m host_kernel.control -f {connection_file}`` with the interpreter
+``python -P -m host_kernel.control -f {connection_file}`` with the interpreter
 that installed it (so the kernel always has this package), optionally with
 ``--mode`` (an armed task mode) and ``--record`` (the record folder) baked in.
 Installation goes through jupyter_client's ``KernelSpecManager``, so
@@ -29,7 +29,9 @@ def kernel_json(*, mode: str | None = None, record: str | None = None,
                 display_name: str | None = None, network: bool = True,
                 require_confinement: bool = False) -> dict[str, Any]:
     """The kernelspec's contents, launching the control kernel with this interpreter."""
-    argv = [sys.executable, "-m", "host_kernel.control", "-f", "{connection_file}"]
+    # -P: the notebook's folder (the workspace, which its kernels write) stays off the
+    # relay's path, so no package a cell left there is imported by this Host process.
+    argv = [sys.executable, "-P", "-m", "host_kernel.control", "-f", "{connection_file}"]
     if mode:
         argv += ["--mode", mode]
     if not network:

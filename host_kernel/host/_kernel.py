@@ -39,6 +39,24 @@ RECONNECT_MS = 5
 
 #: ipykernel's launcher less the debugger's imports (no front of ours offers it).
 LAUNCHER = "host_kernel.kernel.launch"
+#: This installation's ``host_kernel`` package, imported by name from its own folder.
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def pinned(module: str) -> list[str]:
+    """``python -P -c …``: run ``MODULE.main()`` of *this* installation's host_kernel.
+
+    Not ``-m MODULE``: that finds ``host_kernel`` on the kernel's path, where the
+    session's own folders come first (the workspace for ``-m``, the package overlay
+    through ``PYTHONPATH``), so a ``host_kernel/`` a cell left there would stand in for
+    ours and the next kernel would not start (tests/test_confinement.py). ``-P`` keeps
+    the start folder off the path; our folder is first only while the package itself
+    imports (its ``__init__`` imports nothing else), then the path is as it was, and
+    every ``host_kernel.…`` import after resolves through the package found here.
+    """
+    code = (f"import sys;sys.path.insert(0,{_ROOT!r});import host_kernel;del sys.path[0];"
+            f"from {module} import main;sys.exit(main())")
+    return [sys.executable, "-P", "-c", code]
 
 
 def kernel_argv(sandbox: Sandbox | None) -> list[str]:
@@ -53,7 +71,7 @@ def kernel_argv(sandbox: Sandbox | None) -> list[str]:
     Host waits for the iopub ``idle`` status, which follows every output), and the kernel
     starts without importing the debugger (:mod:`host_kernel.kernel.launch`).
     """
-    argv = [sys.executable, "-m", LAUNCHER, "-f", "{connection_file}",
+    argv = [*pinned(LAUNCHER), "-f", "{connection_file}",
             f"--IPKernelApp.extra_extensions={EXTENSION}",
             "--HistoryManager.hist_file=:memory:", "--Kernel._execute_sleep=0"]
     if sandbox is None:
@@ -83,8 +101,8 @@ def short_tempdir() -> str | None:
 def standby_argv(sandbox: Sandbox | None) -> list[str]:
     """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby."""
     argv = kernel_argv(sandbox)
-    at = argv.index(LAUNCHER)
-    argv[at] = "host_kernel.kernel.standby"
+    at = argv.index(pinned(LAUNCHER)[-1])
+    argv[at] = pinned("host_kernel.kernel.standby")[-1]
     return argv
 
 
