@@ -44,19 +44,20 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def pinned(module: str) -> list[str]:
-    """``python -P -c …``: run ``MODULE.main()`` of *this* installation's host_kernel.
+    """``python -c …``: run ``MODULE.main()`` of *this* installation's host_kernel.
 
     Not ``-m MODULE``: that finds ``host_kernel`` on the kernel's path, where the
     session's own folders come first (the workspace for ``-m``, the package overlay
     through ``PYTHONPATH``), so a ``host_kernel/`` a cell left there would stand in for
-    ours and the next kernel would not start (tests/test_confinement.py). ``-P`` keeps
-    the start folder off the path; our folder is first only while the package itself
-    imports (its ``__init__`` imports nothing else), then the path is as it was, and
-    every ``host_kernel.…`` import after resolves through the package found here.
+    ours and the next kernel would not start (tests/test_confinement.py). Our folder is
+    first only while the package itself imports (its ``__init__`` imports nothing
+    else), then the path is as it was, and every ``host_kernel.…`` import after
+    resolves through the package found here. (Not ``-P``: IPython then leaves the
+    workspace off the kernel's path, and a cell could not import its own modules.)
     """
     code = (f"import sys;sys.path.insert(0,{_ROOT!r});import host_kernel;del sys.path[0];"
             f"from {module} import main;sys.exit(main())")
-    return [sys.executable, "-P", "-c", code]
+    return [sys.executable, "-c", code]
 
 
 def kernel_argv(sandbox: Sandbox | None) -> list[str]:
