@@ -1,12 +1,18 @@
 """The record viewer: ``host-kernel view``, a local, read-only web page over a record.
 
-It serves one record folder on 127.0.0.1 behind a random token, reads it only
-through :func:`~host_kernel.store.verified.open_verified` on every request,
-and shows sessions, cells with their outputs, receipts, artifacts with their
-lineage, and verdicts (docs/viewer.md). It never writes the record.
+It serves one record folder on 127.0.0.1 behind a random token, reads it on
+every request only from a projection :func:`~host_kernel.store.verified.open_verified`
+built from bytes proved unchanged, and shows sessions, cells with their outputs,
+receipts, artifacts with a preview and their lineage, and verdicts with what
+changed between them (docs/viewer.md). It never writes the record.
 
 - :mod:`.app`: the Starlette app, its token gate, and the uvicorn server;
-- :mod:`.pages`: what each page shows, read from the verified projection;
+- :mod:`.reads`: the verified reads every request goes through;
+- :mod:`.sessions`: the sessions list and a session's pages of cells;
+- :mod:`.verdicts`: a verdict, what it rests on, and the diff between submissions;
+- :mod:`.pages`: outputs, receipts, the artifact page, links, checked blob bytes;
+- :mod:`.preview`, :mod:`.graph`, :mod:`.derivation`: an artifact's preview, its
+  lineage drawing's links and legend, its slice and re-derivations;
 - :mod:`.commands`: the ``view`` subcommand.
 """
 

@@ -5,11 +5,14 @@ red banner of a refused record) and :class:`ViewerServer`, which serves it with
 uvicorn on 127.0.0.1 only, in the foreground (``host-kernel view``) or in a
 thread (:func:`serve_in_thread`, for tests and embedding).
 
-Every page request opens the record again through
-:func:`~host_kernel.store.verified.open_verified`, so a record tampered with
-while the viewer runs is refused on the next request; the pages are read from
-the projection it rebuilt from the checked events (:mod:`.pages`, and
-:mod:`.derivation` for slices and re-derivations). Only GET and HEAD are served,
+Every request reads the record through :class:`~.reads.VerifiedReads`: the
+projection :func:`~host_kernel.store.verified.open_verified` rebuilt from the
+checked events, used only while every byte it was verified from is unchanged,
+so a record tampered with while the viewer runs is refused on the next request;
+the pages are read from that projection (:mod:`.sessions`, :mod:`.pages`,
+:mod:`.verdicts`, :mod:`.preview`, :mod:`.graph`, and :mod:`.derivation` for
+slices and re-derivations). Links carry the token when the request did
+(:func:`link_maker`). Only GET and HEAD are served,
 and nothing here writes the record. It does not decide what a page shows
 (those modules do) nor how (the templates do).
 """
@@ -21,11 +24,10 @@ import secrets
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import parse_qs
+from typing import Any, BinaryIO, Self
+from urllib.parse import parse_qs, parse_qsl, urlencode
 
 import uvicorn
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
@@ -38,8 +40,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..lineage.svg import lineage_svg
 from ..store.ledger import RecordRefused, SQLiteLedger
-from ..store.verified import LedgerRecord, open_verified
-from . import derivation, pages
+from ..store.verified import LedgerRecord
+from . import derivation, graph, pages, sessions, verdicts
+from .preview import IMAGE_TYPES, media_type
+from .reads import VerifiedReads
 
 __all__ = ["ViewerServer", "create_app", "serve_in_thread"]
 
@@ -51,10 +55,15 @@ STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; char
 #: The status of every page of a record that failed its checks (the banner, nothing else).
 REFUSED_STATUS = 409
 
-#: No script runs on a page (there is none of ours); record HTML sits in sandboxed frames,
-#: which inherit this policy, so nothing in them can reach the network either.
-CSP = ("default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "frame-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+#: The one script a page runs is ours (static/viewer.js: it sizes output frames); record HTML
+#: sits in sandboxed frames that run no script and inherit this policy, so nothing in them
+#: can reach the network either. Forms are our GET search forms.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data:; frame-src 'self'; base-uri 'none'; form-action 'self'; "
+       "frame-ancestors 'none'")
+#: Added to an artifact image served inline: opened as a page of its own (an SVG), it is
+#: a sandboxed document with no script.
+IMAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
 HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
@@ -65,6 +74,8 @@ HEADERS = [
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost"})
+#: The request state's key for the token its links carry.
+LINK_TOKEN = "host_kernel_link_token"
 
 
 # --------------------------------------------------------------------------- the gate
@@ -76,9 +87,16 @@ class TokenGate:
     first visit with the token sets (403 otherwise). Adds the security headers to every
     response."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.app = app
         self.token = token
+        self._on_close = on_close
+
+    def close(self) -> None:
+        """Let go of what the app holds (the viewer's kept projection)."""
+        if self._on_close is not None:
+            self._on_close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -92,7 +110,7 @@ class TokenGate:
         jar: SimpleCookie = SimpleCookie()
         try:
             jar.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header is no token
+        except CookieError:  # a malformed Cookie header is no token
             jar = SimpleCookie()
         from_cookie = jar[cookie_name].value if cookie_name in jar else ""
         host = headers.get("host", "").rsplit(":", 1)[0].strip("[]").lower()
@@ -110,6 +128,10 @@ class TokenGate:
                 status_code=403)
 
         set_cookie = _same(from_query, self.token) and not _same(from_cookie, self.token)
+        if response is None and _same(from_query, self.token):
+            # Came with the token in its URL: its pages carry it in their links, so they
+            # work where the cookie is not kept (another browser, a pasted link, curl).
+            scope["state"] = {**scope.get("state", {}), LINK_TOKEN: self.token}
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -133,6 +155,24 @@ def _same(given: str, token: str) -> bool:
 # --------------------------------------------------------------------------- pages
 
 
+def link_maker(token: str | None) -> Callable[..., str]:
+    """The function templates make every link with: ``u(path, **params)``, the path's own
+    query and fragment kept, empty parameters dropped, and the token added when the
+    request carried it in its URL."""
+
+    def u(path: str, params: dict[str, Any] | None = None, **more: Any) -> str:
+        path, _, fragment = path.partition("#")
+        base, _, query = path.partition("?")
+        pairs = [*parse_qsl(query), *(params or {}).items(), *more.items()]
+        pairs = [(k, v) for k, v in pairs if v not in (None, "") and k != "token"]
+        if token:
+            pairs.append(("token", token))
+        encoded = urlencode(pairs)
+        return base + (f"?{encoded}" if encoded else "") + (f"#{fragment}" if fragment else "")
+
+    return u
+
+
 class Viewer:
     """The routes of one record's viewer: a record folder, or a PostgreSQL ledger
     (``blobs``: where its blobs are, else where its sessions say they put them)."""
@@ -140,49 +180,48 @@ class Viewer:
     def __init__(self, record: Path | LedgerRecord, blobs: str | None = None) -> None:
         self.record = record
         self.blobs_url = blobs
+        self.reads = VerifiedReads(record)
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True,
                                undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
         self.static = {p.name: p for p in STATIC.iterdir() if p.is_file()} \
             if STATIC.is_dir() else {}
 
-    def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+    def render(self, request: Request, template: str, status: int = 200,
+               **context: Any) -> HTMLResponse:
         context.setdefault("header", None)
         context.setdefault("refused", None)
         context.setdefault("record_path", str(self.record))
+        token = _link_token(request)
+        context["u"] = link_maker(token)
+        context["link_token"] = token
         html = self.env.get_template(template).render(**context)
         return HTMLResponse(html, status_code=status)
 
-    @contextmanager
-    def _verified(self) -> Iterator[SQLiteLedger]:
-        ledger = open_verified(self.record)
+    def page(self, request: Request, template: str,
+             build: Callable[[SQLiteLedger], dict[str, Any]]) -> Response:
+        """A page read from the verified record (:class:`~.reads.VerifiedReads`): the red
+        banner alone when the record is refused, a 404 page when what is asked for is not
+        in it."""
         try:
-            yield ledger
-        finally:
-            ledger.close()
-
-    def page(self, template: str, build: Callable[[SQLiteLedger], dict[str, Any]]
-             ) -> Response:
-        """A page read from a freshly verified record: the red banner alone when the record
-        is refused, a 404 page when what is asked for is not in it."""
-        try:
-            with self._verified() as ledger:
+            with self.reads.open() as ledger:
                 header = pages.record_header(ledger, self.record)
                 try:
                     context = build(ledger)
                 except pages.NotFound as exc:
-                    return self.render("not_found.html", 404, header=header,
+                    return self.render(request, "not_found.html", 404, header=header,
                                        message=str(exc))
         except RecordRefused as exc:
-            return self.render("base.html", REFUSED_STATUS,
+            return self.render(request, "base.html", REFUSED_STATUS,
                                refused={"code": exc.code, "message": exc.message})
-        return self.render(template, header=header, **context)
+        return self.render(request, template, header=header, **context)
 
     def download(self, name: str, build: Callable[[SQLiteLedger], bytes | BinaryIO],
-                 media_type: str) -> Response:
-        """A file read from a freshly verified record, always as an attachment (never shown
-        in the viewer's origin): plain text 409 for a refused record, 404 for unknown ids."""
+                 media_type: str, *, inline: bool = False) -> Response:
+        """A file read from the verified record, as an attachment (never shown in the
+        viewer's origin) unless ``inline`` (an image, under its own sandboxing policy):
+        plain text 409 for a refused record, 404 for unknown ids."""
         try:
-            with self._verified() as ledger:
+            with self.reads.open() as ledger:
                 data = build(ledger)
         except RecordRefused as exc:
             return PlainTextResponse(f"refused: [{exc.code}] {exc.message}\n",
@@ -191,7 +230,8 @@ class Viewer:
             return PlainTextResponse(f"not found: {exc}\n", status_code=404)
         except pages.BlobUnavailable as exc:
             return PlainTextResponse(f"not served: {exc}\n", status_code=REFUSED_STATUS)
-        headers = {"Content-Disposition": pages.content_disposition(name)}
+        headers = ({"Content-Security-Policy": IMAGE_CSP} if inline
+                   else {"Content-Disposition": pages.content_disposition(name)})
         if isinstance(data, bytes):
             return Response(data, media_type=media_type, headers=headers)
         return StreamingResponse(_chunks(data), media_type=media_type, headers=headers)
@@ -209,27 +249,37 @@ class Viewer:
     # -- routes
 
     def sessions(self, request: Request) -> Response:
-        return self.page("sessions.html", lambda led: {"sessions": pages.sessions_page(led)})
+        query = sessions.Query.of(request.query_params)
+        return self.page(request, "sessions.html",
+                         lambda led: sessions.sessions_page(led, query))
 
     def session(self, request: Request) -> Response:
         sid = request.path_params["session_id"]
-        return self.page("session.html", lambda led: derivation.mark_rederivations(
-            led, pages.session_page(led, sid)))
+        query = sessions.Query.of(request.query_params)
+        return self.page(request, "session.html", lambda led: derivation.mark_rederivations(
+            led, sessions.session_page(led, sid, query)))
 
     def artifact(self, request: Request) -> Response:
         aid = request.path_params["artifact_id"]
+        u = link_maker(_link_token(request))
 
         def build(ledger: SQLiteLedger) -> dict[str, Any]:
             page = pages.artifact_page(ledger, self._blobs(ledger), aid)
-            # lineage_svg escapes every label it writes (host_kernel/lineage/svg.py), and the
-            # page's policy runs no inline script even if it did not.
-            page["svg"] = Markup(lineage_svg(page["graph"], title=f"lineage of "
-                                                                  f"{page['filename']}"))
+            lineage = page["graph"]
+            links = graph.node_links(ledger, lineage)
+            # lineage_svg escapes every label it writes (host_kernel/lineage/svg.py) and
+            # graph.linked_svg every href; the page's policy runs no inline script anyway.
+            svg = lineage_svg(graph.drawn(lineage), title=f"lineage of {page['filename']}")
+            page["svg"] = Markup(graph.linked_svg(svg, links, u))
+            page["nodes"] = [{"id": n.id, "kind": n.kind, "label": n.label,
+                              "link": links.get(n.id)} for n in lineage.nodes]
+            page["legend"] = graph.legend(lineage)
+            page["edges"] = graph.edges(lineage, links)
             page["slice"] = derivation.slice_section(ledger, aid)
             page["rederived"] = derivation.rederivation_section(ledger, aid)
             return page
 
-        return self.page("artifact.html", build)
+        return self.page(request, "artifact.html", build)
 
     def prov(self, request: Request) -> Response:
         aid = request.path_params["artifact_id"]
@@ -259,26 +309,50 @@ class Viewer:
             response.headers["Content-Disposition"] = pages.content_disposition(names[0])
         return response
 
+    def _artifact_row(self, ledger: SQLiteLedger, aid: str) -> Any:
+        rows = ledger.query("SELECT filename, sha256, media_type FROM artifacts "
+                            "WHERE artifact_id = ?", (aid,))
+        if not rows:
+            raise pages.NotFound(f"no artifact {aid!r} in this record")
+        return rows[0]
+
     def artifact_bytes(self, request: Request) -> Response:
         aid = request.path_params["artifact_id"]
         names: list[str] = []
 
         def build(ledger: SQLiteLedger) -> BinaryIO:
-            rows = ledger.query("SELECT filename, sha256 FROM artifacts WHERE artifact_id = ?",
-                                (aid,))
-            if not rows:
-                raise pages.NotFound(f"no artifact {aid!r} in this record")
-            names.append(rows[0]["filename"])
-            return pages.artifact_blob(self._blobs(ledger), rows[0]["sha256"])
+            row = self._artifact_row(ledger, aid)
+            names.append(row["filename"])
+            return pages.artifact_blob(self._blobs(ledger), row["sha256"])
 
         response = self.download("artifact", build, "application/octet-stream")
         if names and response.status_code == 200:
             response.headers["Content-Disposition"] = pages.content_disposition(names[0])
         return response
 
+    def artifact_image(self, request: Request) -> Response:
+        """An image artifact's checked bytes, inline, for its preview's ``<img>``: only the
+        image types, each served as its own type (with nosniff), an SVG under a sandboxing
+        policy; anything else is 404."""
+        aid = request.path_params["artifact_id"]
+        types: list[str] = []
+
+        def build(ledger: SQLiteLedger) -> BinaryIO:
+            row = self._artifact_row(ledger, aid)
+            mime = media_type(row["filename"], row["media_type"])
+            if mime not in IMAGE_TYPES:
+                raise pages.NotFound(f"artifact {aid!r} is not an image ({mime})")
+            types.append(mime)
+            return pages.artifact_blob(self._blobs(ledger), row["sha256"])
+
+        response = self.download("image", build, "application/octet-stream", inline=True)
+        if types and response.status_code == 200:
+            response.headers["Content-Type"] = types[0]
+        return response
+
     def receipt(self, request: Request) -> Response:
         rid = request.path_params["receipt_id"]
-        return self.page("receipt.html", lambda led: pages.receipt_page(led, rid))
+        return self.page(request, "receipt.html", lambda led: pages.receipt_page(led, rid))
 
     def statement(self, request: Request) -> Response:
         rid = request.path_params["receipt_id"]
@@ -287,7 +361,8 @@ class Viewer:
 
     def verdict(self, request: Request) -> Response:
         sid = request.path_params["submission_id"]
-        return self.page("verdict.html", lambda led: {"verdict": pages.verdict_page(led, sid)})
+        return self.page(request, "verdict.html", lambda led: {
+            "verdict": verdicts.verdict_page(led, self._blobs(led), sid)})
 
     def static_file(self, request: Request) -> Response:
         path = self.static.get(request.path_params["name"])
@@ -298,6 +373,11 @@ class Viewer:
 
     def not_found(self, request: Request, exc: Exception) -> Response:
         return PlainTextResponse("not found\n", status_code=404)
+
+
+def _link_token(request: Request) -> str | None:
+    token = request.scope.get("state", {}).get(LINK_TOKEN)
+    return token if isinstance(token, str) else None
 
 
 def _chunks(file: BinaryIO) -> Iterator[bytes]:
@@ -314,7 +394,7 @@ def _json_bytes(value: Any) -> bytes:
 
 
 def create_app(record: str | Path | LedgerRecord, token: str, *,
-               blobs: str | None = None) -> ASGIApp:
+               blobs: str | None = None) -> TokenGate:
     """The viewer of the record folder (or PostgreSQL ledger) ``record``, behind its token
     gate; ``blobs``: a ledger's blob store, when not the one its sessions recorded."""
     viewer = Viewer(record if isinstance(record, LedgerRecord) else Path(record), blobs)
@@ -324,6 +404,7 @@ def create_app(record: str | Path | LedgerRecord, token: str, *,
         Route("/artifact/{artifact_id}", viewer.artifact, methods=["GET"]),
         Route("/artifact/{artifact_id}/prov.json", viewer.prov, methods=["GET"]),
         Route("/artifact/{artifact_id}/bytes", viewer.artifact_bytes, methods=["GET"]),
+        Route("/artifact/{artifact_id}/image", viewer.artifact_image, methods=["GET"]),
         Route("/artifact/{artifact_id}/slice.py", viewer.slice_script, methods=["GET"]),
         Route("/artifact/{artifact_id}/slice.ipynb", viewer.slice_notebook, methods=["GET"]),
         Route("/receipt/{receipt_id}", viewer.receipt, methods=["GET"]),
@@ -332,7 +413,7 @@ def create_app(record: str | Path | LedgerRecord, token: str, *,
         Route("/static/{name}", viewer.static_file, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: viewer.not_found})
-    return TokenGate(app, token)
+    return TokenGate(app, token, on_close=viewer.reads.close)
 
 
 # --------------------------------------------------------------------------- the server
@@ -358,8 +439,8 @@ class ViewerServer:
             raise
         self.port: int = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/?token={self.token}"
-        config = uvicorn.Config(create_app(self.record_dir, self.token, blobs=blobs),
-                                lifespan="off",
+        self._app = create_app(self.record_dir, self.token, blobs=blobs)
+        config = uvicorn.Config(self._app, lifespan="off",
                                 log_config=None, log_level="warning", access_log=False,
                                 server_header=False)
         self._server = uvicorn.Server(config)
@@ -372,6 +453,7 @@ class ViewerServer:
             self._server.run(sockets=[self.socket])
         finally:
             self.socket.close()
+            self._app.close()
 
     def start(self, timeout: float = 10.0) -> None:
         """Serve in a daemon thread; return once it accepts connections."""
@@ -394,8 +476,9 @@ class ViewerServer:
             self._thread.join(10)
             self._thread = None
         self.socket.close()
+        self._app.close()
 
-    def __enter__(self) -> ViewerServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

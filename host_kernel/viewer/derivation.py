@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import FileProblem
 from ..lineage.slice import Slice, compute_slice
 from ..store.ledger import Ledger
-from .pages import NotFound, seconds, when
+from .pages import NotFound, cell_link, seconds, when
 
 __all__ = [
     "OUTCOME_BADGES",
@@ -80,7 +80,7 @@ def slice_section(ledger: Ledger, artifact_id: str) -> dict[str, Any]:
             "id": cell.cell_id, "generation": cell.generation, "why": cell.why,
             "code": cell.code, "status": cell.status,
             "restarted": previous is not None and cell.generation != previous,
-            "link": (f"/session/{sliced.session}#cell-{cell.cell_id}"
+            "link": (cell_link(ledger, sliced.session, cell.cell_id)
                      if cell.cell_id in shown else None),
         })
         previous = cell.generation

@@ -1,12 +1,15 @@
-"""What each page of the record viewer shows, read from a verified projection.
+"""The viewer's shared reading: outputs, receipts, artifacts, links, and checked blob bytes.
 
 Owns turning the rebuilt, checked ledger that
 :func:`~host_kernel.store.verified.open_verified` hands back into plain values
-for the templates: the sessions at a glance, one session as a timeline of
-cells (with each output reduced to the one representation Jupyter would show),
-an artifact with its lineage, a receipt, and a verdict. It also owns reading an
-artifact's bytes from the blob store, which it hands out only when they still
-hash to the recorded sha256.
+for the templates where more than one page needs them: each output reduced to
+the one representation Jupyter would show, a receipt (its summary under a cell,
+and its own page, in words, never reprs), an artifact's page (its fields,
+lineage and preview), the link to a cell on the page of its session it is on,
+and the small formatting helpers. It also owns reading an artifact's bytes from
+the blob store, which it hands out only when they still hash to the recorded
+sha256. The sessions list and a session's pages are :mod:`.sessions`'s, a
+verdict is :mod:`.verdicts`'s.
 
 It does not verify the record (the caller passes a verified ledger), it does
 not render HTML (the templates do, with autoescaping on) and it never writes
@@ -26,7 +29,6 @@ import re
 import tempfile
 import time
 import urllib.parse
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -35,23 +37,28 @@ from .._errors import FileProblem, HostKernelError
 from ..lineage.graph import Lineage, build_lineage, receipt_statement
 from ..store.blobs import open_regular
 from ..store.ledger import Ledger
+from .preview import preview, wants_whole
 
 __all__ = [
+    "CELLS_PER_PAGE",
+    "BlobSource",
     "BlobUnavailable",
     "NotFound",
     "artifact_blob",
     "artifact_page",
     "artifact_prov",
+    "blob_bytes",
+    "blob_head",
+    "cell_link",
     "check_blob",
     "choose_output",
     "content_disposition",
-    "record_header",
     "receipt_json",
     "receipt_page",
-    "session_page",
-    "sessions_page",
+    "receipt_summary",
+    "record_header",
     "strip_ansi",
-    "verdict_page",
+    "yes_no",
 ]
 
 #: Richest first, as Jupyter chooses what to show of a display_data / execute_result.
@@ -62,6 +69,8 @@ _IMAGES = ("image/png", "image/jpeg", "image/gif")
 FRAME_HEAD = ('<!doctype html><meta charset="utf-8"><style>body{margin:4px 6px;font:14px/1.45 '
               'system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif}table{border-collapse:'
               'collapse}th,td{padding:2px 8px;border-bottom:1px solid #ddd}</style>')
+#: Cells on one page of a session.
+CELLS_PER_PAGE = 200
 #: Statuses drawn as failures; anything else that is not "ok" is drawn as a warning.
 FAILED = frozenset({"error", "timeout", "kernel_died", "host_died"})
 
@@ -219,126 +228,6 @@ def _html_lines(markup: str) -> int:
     return max(1, min(40, len(_BLOCKS.findall(markup)) + markup.count("\n") // 4 + 1))
 
 
-# --------------------------------------------------------------------------- sessions
-
-
-def _confinement(started: dict[str, Any], generations: list[dict[str, Any]]) -> str:
-    statuses = [str((g.get("confinement") or {}).get("status")) for g in generations
-                if isinstance(g.get("confinement"), dict)]
-    session = started.get("confinement") if isinstance(started.get("confinement"), dict) else {}
-    assert isinstance(session, dict)
-    network = "" if session.get("network", True) else ", no network"
-    if statuses and all(s == "landlock" for s in statuses):
-        abi = session.get("abi")
-        return f"Landlock{f' ABI {abi}' if abi else ''}{network}"
-    if statuses and any(s == "landlock" for s in statuses):
-        return f"Landlock in {statuses.count('landlock')} of {len(statuses)} generations"
-    reason = session.get("reason")
-    return f"none ({reason})" if reason else "none"
-
-
-_COUNTED = ("generations", "cells", "failed_cells", "receipts", "artifacts", "refusals")
-
-
-def sessions_page(ledger: Ledger) -> list[dict[str, Any]]:
-    """Every session, newest first, with its counts and its verdicts at a glance."""
-    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for table in ("generations", "receipts", "artifacts", "refusals"):
-        for row in ledger.query(f"SELECT session, count(*) AS n FROM {table} GROUP BY session"):
-            counts[row["session"]][table] = int(row["n"])
-    for row in ledger.query("SELECT session, status, count(*) AS n FROM cells "
-                            "GROUP BY session, status"):
-        counts[row["session"]]["cells"] += int(row["n"])
-        if row["status"] in FAILED:
-            counts[row["session"]]["failed_cells"] += int(row["n"])
-    verdicts: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in ledger.query("SELECT session, submission_id, accepted FROM submissions "
-                            "ORDER BY seq"):
-        verdicts[row["session"]].append({"id": row["submission_id"],
-                                         "accepted": bool(row["accepted"])})
-    started = dict(_bodies(ledger, "session_started"))
-    gens: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for sid, body in _bodies(ledger, "generation_started"):
-        gens[sid].append(body)
-    out = []
-    for row in ledger.query("SELECT * FROM sessions ORDER BY started DESC, session"):
-        sid = row["session"]
-        out.append({
-            "id": sid, "started": when(row["started"]), "ended": when(row["ended"]),
-            "open": row["ended"] is None, "mode": row["mode"] or "none",
-            "armed": bool(row["armed"]), "front": row["front"], "workdir": row["workdir"],
-            "request": row["request"],
-            "confinement": _confinement(started.get(sid, {}), gens.get(sid, [])),
-            "counts": {k: counts[sid].get(k, 0) for k in _COUNTED},
-            "verdicts": verdicts.get(sid, []),
-        })
-    return out
-
-
-def session_page(ledger: Ledger, session_id: str) -> dict[str, Any]:
-    """One session as a timeline: generation starts and cells in order, each cell with its
-    outputs, receipts, artifacts, writes, refusals and submissions."""
-    rows = ledger.query("SELECT * FROM sessions WHERE session = ?", (session_id,))
-    if not rows:
-        raise NotFound(f"no session {session_id!r} in this record")
-    summary = next((s for s in sessions_page(ledger) if s["id"] == session_id), None)
-    finished = {b.get("cell_id"): b for _, b in _bodies(ledger, "cell_finished", session_id)}
-    by_cell: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for r in ledger.query("SELECT * FROM receipts WHERE session = ? ORDER BY seq", (session_id,)):
-        by_cell[r["cell_id"]]["receipts"].append(_receipt_summary(_json(r["body"], {}),
-                                                                  r["receipt_id"]))
-    for r in ledger.query("SELECT * FROM artifacts WHERE session = ? ORDER BY seq",
-                          (session_id,)):
-        by_cell[r["cell_id"]]["artifacts"].append(
-            {"id": r["artifact_id"], "filename": r["filename"], "size": size(r["size"]),
-             "media_type": r["media_type"], "sha256": r["sha256"]})
-    for r in ledger.query("SELECT * FROM writes WHERE session = ? ORDER BY seq", (session_id,)):
-        by_cell[r["cell_id"]]["writes"].append({"path": r["path"], "op": r["op"],
-                                                "size": size(r["size"])})
-    for r in ledger.query("SELECT * FROM loads WHERE session = ? ORDER BY seq", (session_id,)):
-        by_cell[r["cell_id"]]["loads"].append({"artifact": r["artifact_id"], "path": r["path"]})
-    unattached: list[dict[str, Any]] = []
-    for r in ledger.query("SELECT * FROM refusals WHERE session = ? ORDER BY seq", (session_id,)):
-        refusal = {"call": r["call"], "code": r["code"], "reason": r["reason"],
-                   "generation": r["generation"]}
-        (by_cell[r["cell_id"]]["refusals"] if r["cell_id"] else unattached).append(refusal)
-    for r in ledger.query("SELECT submission_id, cell_id, accepted FROM submissions "
-                          "WHERE session = ? ORDER BY seq", (session_id,)):
-        item = {"id": r["submission_id"], "accepted": bool(r["accepted"])}
-        (by_cell[r["cell_id"]]["submissions"] if r["cell_id"] else unattached).append(
-            dict(item, call="submit"))
-    generations = {int(g["generation"]): g for g in ledger.query(
-        "SELECT * FROM generations WHERE session = ? ORDER BY generation", (session_id,))}
-    timeline: list[dict[str, Any]] = []
-    shown_generation: int | None = None
-    for c in ledger.query("SELECT * FROM cells WHERE session = ? ORDER BY seq_started",
-                          (session_id,)):
-        gen = c["generation"]
-        if gen != shown_generation and gen in generations:
-            g = generations[gen]
-            timeline.append({"type": "generation", "generation": gen, "reason": g["reason"],
-                             "started": when(g["started"])})
-        shown_generation = gen
-        body = finished.get(c["cell_id"], {})
-        outputs = _json(c["outputs"], [])
-        duration = body.get("duration")
-        if not isinstance(duration, (int, float)) and c["ended"] is not None:
-            duration = c["ended"] - c["started"]
-        attached = by_cell.get(c["cell_id"], {})
-        timeline.append({
-            "type": "cell", "id": c["cell_id"], "frontend_id": c["frontend_cell_id"],
-            "code": c["code"] or "", "status": c["status"], "generation": gen,
-            "execution_count": c["execution_count"], "started": when(c["started"]),
-            "duration": seconds(duration if isinstance(duration, (int, float)) else None),
-            "notice": body.get("notice"),
-            "outputs": [choose_output(o) for o in outputs if isinstance(o, dict)],
-            **{k: attached.get(k, []) for k in ("receipts", "artifacts", "writes", "loads",
-                                                 "refusals", "submissions")},
-        })
-    return {"session": summary, "timeline": timeline, "unattached": unattached,
-            "workdir": rows[0]["workdir"], "request": rows[0]["request"]}
-
-
 # --------------------------------------------------------------------------- receipts
 
 
@@ -350,9 +239,15 @@ def _outcome(r: dict[str, Any]) -> str:
     return f"exit {r.get('exit_status')}"
 
 
-def _receipt_summary(r: dict[str, Any], receipt_id: str) -> dict[str, Any]:
-    changes = r.get("changes") if isinstance(r.get("changes"), list) else []
-    assert isinstance(changes, list)
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def receipt_summary(r: dict[str, Any], receipt_id: str) -> dict[str, Any]:
+    """A receipt as the pages show it: command and outcome, tails, the files it read (as the
+    Host's tracer saw) and the files it changed."""
+    changes: list[Any] = r["changes"] if isinstance(r.get("changes"), list) else []
+    traced = r.get("traced") if isinstance(r.get("traced"), dict) else None
     return {
         "id": receipt_id, "command": str(r.get("command", "")), "outcome": _outcome(r),
         "ok": r.get("exit_status") == 0 and not r.get("timed_out"),
@@ -364,7 +259,40 @@ def _receipt_summary(r: dict[str, Any], receipt_id: str) -> dict[str, Any]:
         "changes": [{"path": c.get("path"), "change": c.get("change"), "size": size(c.get("size")),
                      "sha256": c.get("sha256")} for c in changes if isinstance(c, dict)],
         "changes_truncated": bool(r.get("changes_truncated")),
+        "traced": traced is not None,
+        "reads": _strings(traced.get("reads")) if traced is not None else [],
+        "reads_dropped": bool(traced.get("dropped")) if traced is not None else False,
     }
+
+
+def yes_no(value: Any) -> str:
+    """A recorded value as a reviewer reads it, never a Python repr: ``yes``/``no`` for a
+    flag, ``none`` for nothing or an empty list, a list as its items."""
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    if value is None or value == [] or value == {}:
+        return "none"
+    if isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+#: The receipt page's facts after the command: (label, field, shown as code).
+RECEIPT_FACTS = (
+    ("working folder", "cwd", True), ("executable", "executable", True),
+    ("executable sha256", "executable_sha256", True),
+    ("executable in the workspace", "executable_in_workspace", False),
+    ("PATH differs from launch", "path_differs", False),
+    ("environment variables changed", "env_changed", True),
+    ("modules shadowed", "shadowed_modules", True),
+    ("stdout sha256", "stdout_sha256", True), ("stderr sha256", "stderr_sha256", True),
+    ("changes found by", "changes_found_by", False),
+    ("workspace manifest sha256", "workspace_manifest_sha256", True),
+)
 
 
 def receipt_json(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
@@ -376,18 +304,29 @@ def receipt_json(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
 
 
 def receipt_page(ledger: Ledger, receipt_id: str) -> dict[str, Any]:
+    """A receipt: its command and outcome first, then the files it read and changed, then
+    where it ran and its digests, each value as words (no reprs)."""
     rows = ledger.query("SELECT * FROM receipts WHERE receipt_id = ?", (receipt_id,))
     if not rows:
         raise NotFound(f"no receipt {receipt_id!r} in this record")
     body = _json(rows[0]["body"], {})
-    fields = [(k, body[k]) for k in ("cwd", "executable", "executable_sha256",
-                                     "executable_in_workspace", "path_differs", "env_changed",
-                                     "stdout_sha256", "stderr_sha256", "changes_found_by",
-                                     "workspace_manifest_sha256", "shadowed_modules")
-              if k in body]
-    return {"receipt": _receipt_summary(body, receipt_id), "session": rows[0]["session"],
-            "cell": rows[0]["cell_id"], "generation": rows[0]["generation"],
-            "started": when(body.get("started")), "fields": fields}
+    fields = [(label, yes_no(body[k]), code) for label, k, code in RECEIPT_FACTS if k in body]
+    session, cell = rows[0]["session"], rows[0]["cell_id"]
+    return {"receipt": receipt_summary(body, receipt_id), "session": session,
+            "cell": cell, "cell_link": cell_link(ledger, session, cell),
+            "generation": rows[0]["generation"], "started": when(body.get("started")),
+            "ended": when(body.get("ended")), "fields": fields}
+
+
+def cell_link(ledger: Ledger, session: str, cell_id: str) -> str:
+    """The path of ``cell_id`` on its session's page: the page of two hundred cells it is on,
+    and its anchor."""
+    rows = ledger.query("SELECT count(*) FROM cells WHERE session = ? AND seq_started < "
+                        "(SELECT seq_started FROM cells WHERE cell_id = ? AND session = ?)",
+                        (session, cell_id, session))
+    before = int(rows[0][0]) if rows and rows[0][0] is not None else 0
+    page = before // CELLS_PER_PAGE + 1
+    return f"/session/{session}" + (f"?page={page}" if page > 1 else "") + f"#cell-{cell_id}"
 
 
 # --------------------------------------------------------------------------- artifacts
@@ -457,13 +396,36 @@ def check_blob(source: BlobSource, sha256: str) -> None:
     _read_blob(source, sha256, None)
 
 
+def blob_head(source: BlobSource, sha256: str, limit: int) -> tuple[bytes, bool]:
+    """The first ``limit`` bytes of the blob and whether that is all of it, only if the whole
+    blob hashes to ``sha256`` (every byte is read). Raises BlobUnavailable."""
+    kept: list[bytes] = []
+    held = 0
+
+    def sink(chunk: bytes) -> None:
+        nonlocal held
+        if held < limit:
+            kept.append(chunk[: limit - held])
+        held += len(chunk)
+
+    _read_blob(source, sha256, sink)
+    return b"".join(kept), held <= limit
+
+
+def blob_bytes(source: BlobSource, sha256: str, limit: int) -> bytes | None:
+    """The blob's bytes, only if they hash to ``sha256``; None when it is larger than
+    ``limit`` bytes. Raises BlobUnavailable."""
+    head, whole = blob_head(source, sha256, limit)
+    return head if whole else None
+
+
 def artifact_blob(source: BlobSource, sha256: str) -> BinaryIO:
     """The artifact's bytes from the record's blob store, only if they hash to ``sha256``:
     a file positioned at its start, in memory up to :data:`BLOB_IN_MEMORY` and spilled to a
     temporary file past it (the caller closes it). What is served is this copy, taken in
     the same pass that hashed it, so a blob swapped after the check is never served.
     Raises BlobUnavailable saying why not."""
-    copy = tempfile.SpooledTemporaryFile(max_size=BLOB_IN_MEMORY)
+    copy = tempfile.SpooledTemporaryFile(max_size=BLOB_IN_MEMORY)  # noqa: SIM115 (returned)
     try:
         _read_blob(source, sha256, copy.write)
     except BaseException:
@@ -474,8 +436,8 @@ def artifact_blob(source: BlobSource, sha256: str) -> BinaryIO:
 
 
 def artifact_page(ledger: Ledger, blobs: BlobSource, artifact_id: str) -> dict[str, Any]:
-    """An artifact: its fields, its lineage graph, the receipts involved, and whether its
-    bytes can be downloaded."""
+    """An artifact: its fields, a preview of its bytes, its lineage graph, the receipts
+    involved, and whether its bytes can be downloaded."""
     rows = ledger.query("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,))
     if not rows:
         raise NotFound(f"no artifact {artifact_id!r} in this record")
@@ -487,32 +449,27 @@ def artifact_page(ledger: Ledger, blobs: BlobSource, artifact_id: str) -> dict[s
                           "ORDER BY seq", (a["cell_id"],)):
         receipts.setdefault(r["receipt_id"], f"$ {r['command']}")
     blob_problem: str | None = None
-    try:
-        check_blob(blobs, a["sha256"])
+    head: bytes | None = None
+    whole = False
+    try:  # one pass: the whole blob hashed, its head kept for the preview
+        head, whole = blob_head(blobs, a["sha256"], wants_whole(a["filename"], a["media_type"]))
     except BlobUnavailable as exc:
         blob_problem = str(exc)
-    loads = [{"cell": r["cell_id"], "path": r["path"], "session": r["session"]}
+    loads = [{"cell": r["cell_id"], "path": r["path"], "session": r["session"],
+              "link": cell_link(ledger, r["session"], r["cell_id"]) if r["cell_id"] else None}
              for r in ledger.query("SELECT * FROM loads WHERE artifact_id = ? ORDER BY seq",
                                    (artifact_id,))]
-    nodes = [{"id": n.id, "kind": n.kind, "label": n.label,
-              "link": _node_link(n.kind, n.attrs)} for n in graph.nodes]
     return {
         "id": artifact_id, "filename": a["filename"], "sha256": a["sha256"],
         "size": size(a["size"]), "bytes": a["size"], "media_type": a["media_type"],
         "cell": a["cell_id"], "session": a["session"], "generation": a["generation"],
+        "cell_link": cell_link(ledger, a["session"], a["cell_id"]) if a["cell_id"] else None,
         "source_path": a["source_path"], "saved": when(a["ts"]),
-        "graph": graph, "nodes": nodes, "truncated": graph.truncated,
+        "graph": graph, "truncated": graph.truncated,
         "receipts": sorted(receipts.items(), key=lambda kv: kv[1]),
         "blob_problem": blob_problem, "loads": loads,
+        "preview": preview(artifact_id, a["filename"], a["media_type"], head, whole),
     }
-
-
-def _node_link(kind: str, attrs: dict[str, Any]) -> str | None:
-    if kind == "artifact" and attrs.get("artifact_id"):
-        return f"/artifact/{attrs['artifact_id']}"
-    if kind == "receipt" and attrs.get("receipt_id"):
-        return f"/receipt/{attrs['receipt_id']}"
-    return None
 
 
 def safe_filename(name: str) -> str:
@@ -532,60 +489,3 @@ def content_disposition(name: str) -> str:
     if ascii_name != safe:
         value += f"; filename*=UTF-8''{urllib.parse.quote(safe, safe='')}"
     return value
-
-
-# --------------------------------------------------------------------------- verdicts
-
-
-def verdict_page(ledger: Ledger, submission_id: str) -> dict[str, Any]:
-    """A submission's verdict: failed checks first (blocking, then advisory), then the rest,
-    the reproduction of its test evidence, and what was submitted."""
-    rows = ledger.query("SELECT * FROM submissions WHERE submission_id = ?", (submission_id,))
-    if not rows:
-        raise NotFound(f"no submission {submission_id!r} in this record")
-    body = _json(rows[0]["body"], {})
-    verdict = body.get("verdict") if isinstance(body.get("verdict"), dict) else {}
-    assert isinstance(verdict, dict)
-    checks = [c for c in verdict.get("checks", []) if isinstance(c, dict)]
-    checks.sort(key=lambda c: (bool(c.get("ok")), bool(c.get("advisory"))))
-    submission = body.get("submission") if isinstance(body.get("submission"), dict) else {}
-    assert isinstance(submission, dict)
-    sections = []
-    for r in verdict.get("reproduction", []):
-        if not isinstance(r, dict):
-            continue
-        invocation = r.get("invocation") if isinstance(r.get("invocation"), dict) else {}
-        assert isinstance(invocation, dict)
-        counts = r.get("counts") if isinstance(r.get("counts"), dict) else {}
-        assert isinstance(counts, dict)
-        shown = {"runner", "command", "outcome", "counts", "duration", "output_tail",
-                 "invocation", "failing", "failures"}
-        sections.append({
-            "command": r.get("command"), "runner": invocation.get("runner"),
-            "outcome": r.get("outcome"), "passed": r.get("outcome") == "passed",
-            "counts": [(k, v) for k, v in counts.items() if v],
-            "duration": seconds(r.get("duration") if isinstance(r.get("duration"),
-                                                                (int, float)) else None),
-            "failing": r.get("failing") or [], "failures": r.get("failures") or [],
-            "output_tail": strip_ansi(str(r.get("output_tail") or "")),
-            "details": [(k, v if isinstance(v, (str, int, float, bool)) or v is None
-                         else json.dumps(v, ensure_ascii=False)[:2000])
-                        for k, v in sorted(r.items()) if k not in shown],
-        })
-    return {
-        "id": submission_id, "accepted": bool(rows[0]["accepted"]),
-        "mode": verdict.get("mode"), "armed": bool(verdict.get("armed")),
-        "session": rows[0]["session"], "cell": rows[0]["cell_id"],
-        "checks": [{"code": str(c.get("code")), "ok": bool(c.get("ok")),
-                    "advisory": bool(c.get("advisory")), "message": str(c.get("message", ""))}
-                   for c in checks],
-        "failed": sum(1 for c in checks if not c.get("ok") and not c.get("advisory")),
-        "reproduction": sections,
-        "bullets": [str(b) for b in submission.get("completion_bullets") or []],
-        "task_status": submission.get("task_status"),
-        "output": json.dumps(submission.get("output"), indent=2, ensure_ascii=False),
-        "declared": [(k, json.dumps(submission[k], indent=2, ensure_ascii=False))
-                     for k in ("source_files", "entry_points", "architecture_summary",
-                               "test_evidence", "output_schema", "output_error")
-                     if submission.get(k) is not None],
-    }
