@@ -28,7 +28,7 @@ from _helpers import run_ok, wait_for
 from host_kernel import Host
 from host_kernel._errors import BadArguments, HostKernelError
 from host_kernel.audit import audit
-from host_kernel.host._baseline import LATE_WRITES
+from host_kernel.host._baseline import EARLY_SLACK, LATE_WRITES
 
 MODULES = 5
 CMD = "python -m pytest -q tests"
@@ -60,6 +60,10 @@ def repo(tmp_path: Path) -> Path:
     _git(ws, "init", "-q")
     _git(ws, "add", "-A")
     _git(ws, "commit", "-q", "-m", "baseline")
+    # A change stamped up to EARLY_SLACK before a session's start counts as the session's
+    # (file systems stamp with a coarse clock), and a Host records its start about 15 ms
+    # after it is made: let the commit's stamps fall clearly before the first session.
+    time.sleep(EARLY_SLACK * 5)
     return ws
 
 

@@ -129,13 +129,21 @@ def test_nbval_passes_every_notebook_under_its_own_kernelspec(jupyter_path: Path
            "TMPDIR": str(tmpdir)}
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+        # `-o addopts=`: the sanitiser's path lies in this repository, so pytest takes the
+        # repository's pyproject.toml as the run's ini file, and its `-n auto` would hand
+        # the notebooks to xdist workers, under which nbval silently runs a fraction of
+        # the cells.
+        [sys.executable, "-m", "pytest", "-o", "addopts=", "--nbval-lax", "-p",
+         "no:cacheprovider", "-q",
          "--nbval-sanitize-with", str(SANITIZE),
          "--nbval-kernel-startup-timeout", "60", *(f"{n}.ipynb" for n in NAMES)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     sessions = session_cells(default_record_dir(tmp_path))
     assert len(sessions) == len(NAMES)
+    expected = sorted(len(code_sources(nbformat.read(NOTEBOOKS / f"{n}.ipynb", as_version=4)))
+                      for n in NAMES)
+    assert sorted(len(cells) for cells in sessions.values()) == expected
     for cells in sessions.values():
         assert {status for _, status in cells} == {"ok"}
     assert_clean(default_record_dir(tmp_path))

@@ -26,7 +26,7 @@ from ..reproduce.tree import SKIP_DIRS, changed_within, git_dirs, taken
 from ..store.ledger import check_chain
 from ..store.pg import PostgresLedger
 
-__all__ = ["LATE_WRITES", "BaselineHistory"]
+__all__ = ["EARLY_SLACK", "LATE_WRITES", "BaselineHistory"]
 
 #: Seconds after a session's ``session_ended`` during which its processes may still have
 #: written (the Host records the end, then kills the kernel's whole sandbox at once).
