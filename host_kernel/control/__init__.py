@@ -9,6 +9,18 @@ talk to a Host: a kernelspec that launches ``python -m host_kernel.control``
 
 from __future__ import annotations
 
-from .kernelspec import DISPLAY_NAME, KERNEL_NAME, install, kernel_json, uninstall
+from importlib import import_module
+from typing import Any
 
 __all__ = ["DISPLAY_NAME", "KERNEL_NAME", "install", "kernel_json", "uninstall"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazily: the control kernel's own process (``python -m host_kernel.control``) starts
+    # its kernel before anything heavy is imported, and the kernelspec module brings in
+    # jupyter_client whole.
+    if name not in __all__:
+        raise AttributeError(f"module 'host_kernel.control' has no attribute {name!r}")
+    value = getattr(import_module(".kernelspec", __name__), name)
+    globals()[name] = value
+    return value

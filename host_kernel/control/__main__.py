@@ -15,11 +15,38 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .._paths import default_record_dir
-from ..host._relay_support import RelayHost, ResumeState
 from ..modes import UnknownModeError, normalise_mode_name
-from .relay import Relay
+
+if TYPE_CHECKING:
+    from ..host._pool import HostPool
+    from ..host._relay_support import RelayHost, ResumeState
+
+#: Set to ``off`` to start every kernel cold (no standby started ahead of its session).
+WARM_ENV = "HOST_KERNEL_WARM"
+
+
+def early_kernel(workdir: Path) -> HostPool | None:
+    """Start the session's kernel now, as a standby, before the relay imports the Host.
+
+    The control kernel's start is serial otherwise: the relay's imports (most of the
+    Host: about 0.85 s here), then the kernel's (ipykernel's stack: about 0.6 s). A
+    one-shot pool (host/_pool.py, ``refill=False``) starts a standby confined to the
+    workspace while this process goes on importing; the Host then takes it and
+    narrows it to the session's ruleset before anything of the session runs, exactly
+    as a pool's standby (docs/security.md, "Warm starts"). A session the standby cannot
+    serve starts cold and its record says why. ``HOST_KERNEL_WARM=off`` turns it off.
+    """
+    if os.environ.get(WARM_ENV, "").lower() in ("off", "0", "no", "false"):
+        return None
+    from .._errors import HostKernelError
+    from ..host._pool import HostPool
+
+    try:
+        return HostPool(size=1, roots=[workdir], refill=False).start()
+    except (HostKernelError, OSError):
+        return None  # the Host starts its kernel cold, as without a pool
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,15 +75,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host_kernel: {exc}", file=sys.stderr)
         return 2
     workdir = Path.cwd()
+    pool = early_kernel(workdir)
+    # Only now the Host's modules, while the standby imports ipykernel beside us.
+    from .._paths import default_record_dir
+    from ..host._relay_support import RelayHost
+    from .relay import Relay
+
     record = Path(args.record or os.environ.get("HOST_KERNEL_RECORD")
                   or default_record_dir(workdir)).resolve()
 
     def make_host(resume: ResumeState | None) -> RelayHost:
         return RelayHost(workdir, mode=mode, record_dir=record, resume=resume,
                          network=not args.no_network,
-                         require_confinement=args.require_confinement)
+                         require_confinement=args.require_confinement, pool=pool)
 
-    return Relay(connection, args.connection_file, record, make_host).serve()
+    def let_go() -> None:
+        if pool is not None:
+            pool.close()  # a standby the session could not use stops here
+
+    return Relay(connection, args.connection_file, record, make_host, let_go).serve()
 
 
 if __name__ == "__main__":

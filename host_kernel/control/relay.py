@@ -124,8 +124,12 @@ class Relay:
     """
 
     def __init__(self, connection: dict[str, Any], connection_file: str, record_dir: Path,
-                 make_host: Callable[[ResumeState | None], RelayHost]) -> None:
+                 make_host: Callable[[ResumeState | None], RelayHost],
+                 after_start: Callable[[], None] | None = None) -> None:
+        """``after_start``: called once the Host has started (or failed to), before any
+        message is relayed (the launcher lets its early standby go there)."""
         self.connection = connection
+        self.after_start = after_start
         key = str(connection.get("key", "")).encode()
         self.frontend = Session(key=key, signature_scheme=connection.get("signature_scheme",
                                                                          "hmac-sha256"),
@@ -170,6 +174,9 @@ class Relay:
             _log(f"the Host could not start: {exc}")
             self._close_channels()
             return 1
+        finally:
+            if self.after_start is not None:
+                self.after_start()
         self.host = host
         self._sentinel = start_sentinel(host.runtime_dir)
         self._attach()

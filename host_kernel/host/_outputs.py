@@ -16,8 +16,6 @@ import hmac
 import json
 from typing import Any
 
-import nbformat
-
 from .._models import Status
 
 __all__ = ["RECORD_OUTPUT_LIMIT", "CellRun", "Outputs", "execution_count"]
@@ -258,6 +256,8 @@ class Outputs:
         if mtype == "error":
             self.saw_error = True
         try:
+            import nbformat  # here: a kernel's start need not pay for nbformat's validator
+
             out = dict(nbformat.v4.output_from_msg(msg))
         except (KeyError, TypeError, ValueError, nbformat.ValidationError):
             return  # not an output nbformat can hold (the kernel is not trusted): not kept

@@ -114,9 +114,13 @@ class HostPool:
 
     def __init__(self, size: int = 2, *, roots: Sequence[str | os.PathLike[str]] | None = None,
                  trace: bool = True, startup_timeout: float = 60.0,
-                 hide_env: Sequence[str] = ()) -> None:
+                 hide_env: Sequence[str] = (), refill: bool = True) -> None:
+        """``refill=False``: start ``size`` standbys once and no more (a process that will
+        start one session, such as the control kernel, starting its kernel early)."""
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise BadArguments("size must be a positive number of kernels")
+        if not isinstance(refill, bool):
+            raise BadArguments("refill must be True or False")
         if not isinstance(trace, bool):
             raise BadArguments("trace must be True or False")
         try:  # taken once: an iterator checked here would be empty when filtering below
@@ -132,6 +136,7 @@ class HostPool:
         if not self.roots:
             raise BadArguments("the pool needs at least one existing root folder")
         self.size = size
+        self.refill = refill
         self.trace = trace
         self.startup_timeout = startup_timeout
         self.id = mint_uuid()
@@ -173,6 +178,9 @@ class HostPool:
             if self._started:
                 return self
             self._started = True
+            # Said now, not when the thread gets to it: a Host taking a standby right
+            # after start() waits for this one instead of starting cold.
+            self._starting = True
         self._thread = threading.Thread(target=self._fill, name="host-kernel-pool", daemon=True)
         self._thread.start()
         return self
@@ -285,7 +293,7 @@ class HostPool:
             with self._cond:
                 while not self._closed and len(self._idle) >= self.size:
                     self._cond.wait()
-                if self._closed:
+                if self._closed or (not self.refill and self.stats["started"] >= self.size):
                     return
                 self._starting = True
             try:
