@@ -17,6 +17,7 @@ import io
 import json
 import os
 import pty
+import select
 import shutil
 import subprocess
 import sys
@@ -295,7 +296,12 @@ def test_progress_on_a_terminal_rewrites_one_line(capsys: pytest.CaptureFixture[
             show = ProgressLines(terminal)
             for done in range(101):
                 show("sessions", done, 100)
-        text = os.read(master, 65536).decode()
+        # The pty hands written bytes to its reader from a kernel work queue, so one read
+        # may return only the first of them on a loaded machine: read until the line ends.
+        data = b""
+        while not data.endswith(b"\n") and select.select([master], [], [], 10)[0]:
+            data += os.read(master, 65536)
+        text = data.decode()
     finally:
         os.close(master)
         os.close(slave)
