@@ -5,8 +5,11 @@ Layout under the store's root::
     blobs/sha256/ab/abcdef…   one file per distinct content, read-only
     tmp/                      partial copies; never visible under blobs/
 
-A put copies in one pass that hashes while it writes, fsyncs, and renames into
-place; identical bytes are stored once. A Host killed mid-put leaves at most a
+A put copies in one pass, fsyncs, and renames into place; identical bytes are
+stored once. A regular file is copied by the kernel into the store's own temp
+file, and that copy is hashed (store/_copy.py), so a source rewritten during
+the put cannot make the blob differ from its name; any other stream is hashed
+from the buffers it is written from. A Host killed mid-put leaves at most a
 file in ``tmp/``, which :meth:`FileBlobStore.sweep` removes.
 
 Every file that is hashed and then used, a blob or a file put into the store,
@@ -33,7 +36,8 @@ import queue
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path, PurePosixPath
@@ -41,6 +45,7 @@ from typing import BinaryIO, Protocol
 
 from .._errors import FileProblem, HostCallError, PathRefused, StorageError
 from .._procs import pid_alive
+from ._copy import copy_hashed, file_source
 
 __all__ = ["EMPTY_SHA256", "BlobRef", "BlobStore", "FileBlobStore", "file_kind",
            "open_beneath", "open_regular"]
@@ -215,6 +220,12 @@ class FileBlobStore:
         self.blobs = self.root / "blobs" / "sha256"
         self.tmp = self.root / "tmp"
         self.durable = durable
+        #: Bytes copied into this store's temp files by each way of copying: the
+        #: kernel's ``copy_file_range`` or ``sendfile``, ``read`` (a regular file through
+        #: a buffer, where neither works), ``stream`` (a source with no descriptor of a
+        #: regular file). Counted once a put's copy is complete.
+        self.copied: Counter[str] = Counter()
+        self._copied_lock = threading.Lock()
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
 
@@ -257,7 +268,43 @@ class FileBlobStore:
             raise self._storage_error(exc) from exc
 
     def put_stream(self, src: BinaryIO) -> BlobRef:
-        """Copy an open file in (one :func:`open_regular` opened), hashing while copying.
+        """Copy an open file in from its position to its end. Returns what was stored.
+
+        A plain file object over a regular file (what :func:`open_regular`
+        returns) is copied by the kernel, descriptor to descriptor, into a temp
+        file of the store's own, and that copy is read back and hashed a step
+        behind (store/_copy.py): the digest is of the bytes kept, not of the
+        source, which a cell may rewrite meanwhile, and the fsync overlaps the end
+        of the hashing. Any other binary file (``BytesIO``, a pipe, a file object
+        that transforms what it reads) is copied through buffers that are hashed
+        as they are written. Either way the temp file is fsynced (when
+        ``durable``) and renamed into place, or deleted when the blob is stored
+        already or anything fails; memory stays bounded (a buffer or a few).
+        The source is left at its end, as reading it would leave it.
+        """
+        source = file_source(src)
+        if source is None:
+            return self._put_buffered(src)
+        start = source[1]
+        fd, tmp = self._tempfile()
+        try:
+            try:
+                sync = (lambda: os.fsync(fd)) if self.durable else None
+                copied = copy_hashed(source[0], start, fd, then=sync)
+            finally:
+                os.close(fd)
+            src.seek(start + copied.size)
+            self._count(copied.ways)
+            if self._intact(copied.sha256):
+                self._discard(tmp)
+                return BlobRef(copied.sha256, copied.size)
+            return self._commit(tmp, copied.sha256, copied.size)
+        except BaseException as exc:
+            self._discard(tmp)
+            raise self._storage_error(exc) from exc
+
+    def _put_buffered(self, src: BinaryIO) -> BlobRef:
+        """Copy a file with no descriptor of a regular file in, hashing while copying.
 
         One pass over ``src``: each chunk is written here while a second thread
         hashes it, so the bytes stored are the bytes hashed. hashlib and file
@@ -297,6 +344,7 @@ class FileBlobStore:
                     work.put(None)
                     worker.join()
                     digest = hasher.hexdigest()
+                    self._count({"stream": size})
                     if self._intact(digest):
                         # Stored already: these bytes are discarded, so need not reach disk.
                         self._discard(tmp)
@@ -309,6 +357,10 @@ class FileBlobStore:
         except BaseException as exc:
             self._discard(tmp)
             raise self._storage_error(exc) from exc
+
+    def _count(self, ways: Mapping[str, int]) -> None:
+        with self._copied_lock:
+            self.copied.update(ways)
 
     def _tempfile(self, what: str = "blob") -> tuple[int, str]:
         try:
