@@ -177,7 +177,7 @@ def _bash_pair(plan: Plan, name: str, command: str, target: float, full: int, qu
 
 
 def bench_bash_true(plan: Plan) -> Result:
-    return _bash_pair(plan, "bash_true", "true", 1.5, 100, 30, warmup=5)
+    return _bash_pair(plan, "bash_true", "true", 1.3, 100, 30, warmup=5)
 
 
 def bench_bash_1s(plan: Plan) -> Result:
@@ -207,7 +207,7 @@ CELLS: list[tuple[str, float, str, str, Callable[[Plan], Result]]] = [
      'a cell running `host.bash("true")`, started confined by the sandbox\'s init',
      'the same cell with confinement off (the Host spawns bash itself)',
      bench_confined_bash_true),
-    ("bash_true", 1.5,
+    ("bash_true", 1.3,
      'a cell running `host.bash("true")` (receipt recorded)',
      'a cell running `subprocess.run("true", shell=True)`, same Host',
      bench_bash_true),

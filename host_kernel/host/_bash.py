@@ -20,20 +20,23 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .._errors import HostCallError
 from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confined
-from ..store.blobs import FileBlobStore
+from ..store.blobs import FileBlobStore, open_regular
 from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
 from ._workspace import FileStat, HashCache, Workspace, file_sha256
 
-__all__ = ["CommandContext", "Redactor", "kill_group", "resolve_executable", "run_command"]
+__all__ = ["CommandContext", "ExecutableCache", "Redactor", "kill_group", "resolve_executable",
+           "run_command"]
 
 TAIL_CHARS = 2_000
 #: After bash exits, how long to keep reading pipes that a background child holds open.
@@ -50,19 +53,35 @@ class Redactor:
         self.extra = {n.upper() for n in extra_names}
         self._values: set[str] = set()
         self._bytes: list[bytes] = []
+        #: Whether every secret reads the same inside JSON text as outside it (no quote,
+        #: backslash or control character), so finding none in a value's JSON finds none
+        #: in its strings.
+        self._json_plain = True
+        #: Names already judged (an environment is sent with every command).
+        self._judged: dict[str, bool] = {}
 
     def is_secret_name(self, name: str) -> bool:
         upper = name.upper()
         return upper in self.extra or any(p in upper for p in self.PATTERNS)
 
     def learn(self, env: Mapping[str, str]) -> None:
-        new = {v for k, v in env.items()
-               if isinstance(v, str) and len(v) >= self.MIN_LEN and self.is_secret_name(k)}
+        judged = self._judged
+        if len(judged) > 4096:
+            judged.clear()
+        new = set()
+        for k, v in env.items():
+            if isinstance(v, str) and len(v) >= self.MIN_LEN:
+                secret = judged.get(k)
+                if secret is None:
+                    secret = judged[k] = self.is_secret_name(k)
+                if secret:
+                    new.add(v)
         if new - self._values:
             self._values |= new
             # Longest first, so a secret that contains another is replaced whole.
             ordered = sorted(self._values, key=len, reverse=True)
             self._bytes = [v.encode("utf-8", "surrogateescape") for v in ordered]
+            self._json_plain = not any(c in '"\\' or c < " " for v in ordered for c in v)
 
     def text(self, value: str) -> str:
         if not self._bytes:
@@ -79,15 +98,29 @@ class Redactor:
         return value
 
     def deep(self, value: Any) -> Any:
-        """Redact every string inside a JSON-like value."""
+        """Redact every string inside a JSON-like value.
+
+        A value whose JSON text holds no secret is returned as it is, without a walk (a
+        receipt or an output usually holds none)."""
         if not self._bytes:
             return value
+        if self._json_plain:
+            try:
+                text = json.dumps(value, ensure_ascii=False)
+            except (TypeError, ValueError, RecursionError):
+                pass
+            else:
+                if not any(secret in text for secret in self._values):
+                    return value
+        return self._walk(value)
+
+    def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
-            return [self.deep(v) for v in value]
+            return [self._walk(v) for v in value]
         if isinstance(value, dict):
-            return {k: self.deep(v) for k, v in value.items()}
+            return {k: self._walk(v) for k, v in value.items()}
         return value
 
 
@@ -112,6 +145,8 @@ class CommandContext:
     #: The generation's tracer (host/_trace.py): a command's changes are those its own
     #: processes made, and its reads are seen. None: untraced.
     trace: Any = None
+    #: The session's remembered PATH lookups and executables' hashes (checked at each use).
+    executables: ExecutableCache | None = None
 
 
 def last_command(command: str, cwd: Path) -> tuple[str, Path]:
@@ -119,10 +154,7 @@ def last_command(command: str, cwd: Path) -> tuple[str, Path]:
     segments = [seg.strip() for seg in command.split("&&")]
     here = cwd
     for seg in segments[:-1]:
-        try:
-            words = shlex.split(seg, comments=True)
-        except ValueError:
-            continue
+        words = _words(seg, strict=True)
         if len(words) == 2 and words[0] == "cd":
             here = Path(os.path.realpath(here / os.path.expanduser(words[1])))
     return segments[-1], here
@@ -130,10 +162,7 @@ def last_command(command: str, cwd: Path) -> tuple[str, Path]:
 
 def shadowed_modules(command: str, cwd: Path) -> list[str]:
     """Modules run with ``-m`` that a file or package in the working directory would shadow."""
-    try:
-        words = shlex.split(command, comments=True)
-    except ValueError:
-        words = command.split()
+    words = _words(command)
     found = []
     for i, word in enumerate(words[:-1]):
         if word == "-m":
@@ -143,12 +172,34 @@ def shadowed_modules(command: str, cwd: Path) -> list[str]:
     return found
 
 
-def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
-    """The file the command's first word runs, as bash would find it; None for builtins."""
+#: Commands up to this length have their words remembered (an agent repeats its commands).
+_WORDS_KEPT = 4096
+
+
+def _words(command: str, strict: bool = False) -> tuple[str, ...]:
+    """The command's words as ``shlex`` splits them (comments honoured); when its quoting
+    is broken, plain whitespace splitting, or with ``strict`` an empty tuple."""
+    if len(command) <= _WORDS_KEPT:
+        return _split_kept(command, strict)
+    return _split(command, strict)
+
+
+def _split(command: str, strict: bool) -> tuple[str, ...]:
     try:
-        words = shlex.split(command, comments=True)
+        return tuple(shlex.split(command, comments=True))
     except ValueError:
-        words = command.split()
+        return () if strict else tuple(command.split())
+
+
+_split_kept = lru_cache(maxsize=512)(_split)
+
+
+def resolve_executable(command: str, cwd: Path, path_env: str,
+                       cache: ExecutableCache | None = None) -> str | None:
+    """The file the command's first word runs, as bash would find it; None for builtins.
+
+    ``cache`` remembers PATH lookups and checks each remembered one before it is used."""
+    words = _words(command)
     while words and "=" in words[0] and not words[0].startswith("="):
         name = words[0].split("=", 1)[0]
         if not name.isidentifier():
@@ -162,7 +213,8 @@ def resolve_executable(command: str, cwd: Path, path_env: str) -> str | None:
         return str(Path(os.path.realpath(candidate))) if candidate.exists() else None
     if first in _BASH_ONLY_BUILTINS:
         return None
-    found = shutil.which(first, path=path_env)
+    found = (shutil.which(first, path=path_env) if cache is None
+             else cache.which(first, path_env))
     if found is None:
         return None
     if not os.path.isabs(found):
@@ -177,14 +229,140 @@ _BASH_ONLY_BUILTINS = frozenset(
 )
 
 
+#: A time stamp this close to now (ns) is not trusted to show a later change: file systems
+#: stamp times from a coarse clock, some to the second or two, so a change in the same
+#: tick as a look would leave the stamp as it was.
+RACY_NS = 2_000_000_000
+#: Lookups and hashes one cache holds at most; past it, it starts again empty.
+_CACHE_ENTRIES = 1024
+#: What a name's stat says about it, as ``shutil.which`` weighs it: which file, its type
+#: and permission bits, and its change time (which a chmod or an ACL change moves).
+_Mark = tuple[int, int, int, int] | None
+#: A file's identity and content stamp: device, inode, size, modification and change time.
+_Stamp = tuple[int, int, int, int, int]
+
+
+def _mark(path: str) -> _Mark:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns)
+
+
+def _stamp(st: os.stat_result) -> _Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class ExecutableCache:
+    """PATH lookups and executables' hashes, remembered for one kernel generation and
+    checked before every use, so a receipt names the file bash runs now, and its bytes.
+
+    A lookup (``shutil.which`` of a name on a PATH) is kept with the stat of each place
+    the name was looked for, in PATH's order, up to the one where it was found (every
+    place when it was not): whether something is there, which file, its type and
+    permission bits, its change time. Those are everything ``which`` weighs, so a file
+    put earlier on PATH, one removed, renamed, replaced, made executable or not, or a
+    symlink on the way that now leads elsewhere, makes a remembered lookup stale, and it
+    is looked up again. One ``stat`` per place, as ``which`` itself makes, without its
+    Python per folder.
+
+    A hash is kept by the file's device, inode, size, modification and change time, all
+    taken from the descriptor its bytes were read through (a file swapped in for the
+    read is not credited to the name); a process can set a file's modification time
+    back, never its change time. Nothing is kept whose change time is within
+    :data:`RACY_NS` of the look (a change in the same clock tick would not move it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._generation: int | None = None
+        #: (name, PATH) -> (the places looked, with their marks; what which returned)
+        self._found: dict[tuple[str, str], tuple[tuple[tuple[str, _Mark], ...], str | None]] = {}
+        #: real path -> (its stamp, its sha256)
+        self._hashes: dict[str, tuple[_Stamp, str]] = {}
+
+    def generation(self, generation: int) -> None:
+        """A new kernel generation forgets what the last one looked up."""
+        with self._lock:
+            if generation != self._generation:
+                self._generation = generation
+                self._found.clear()
+                self._hashes.clear()
+
+    def which(self, name: str, path_env: str) -> str | None:
+        """``shutil.which(name, path=path_env)``, from memory when every mark still holds."""
+        key = (name, path_env)
+        with self._lock:
+            kept = self._found.get(key)
+        if kept is not None and all(_mark(place) == mark for place, mark in kept[0]):
+            return kept[1]
+        now = time.time_ns()
+        looked: list[tuple[str, _Mark]] = []
+        seen: set[str] = set()
+        for folder in path_env.split(os.pathsep):
+            if folder in seen:
+                continue
+            seen.add(folder)
+            place = os.path.join(folder, name)
+            looked.append((place, _mark(place)))
+        found = shutil.which(name, path=path_env)
+        if found is not None:
+            looked = looked[:next((i + 1 for i, (place, _) in enumerate(looked)
+                                   if place == found), len(looked))]
+        # Marked before the lookup; kept only when it still holds after it and no change
+        # time is too recent to trust.
+        if all(mark is None or mark[3] < now - RACY_NS for _, mark in looked) and all(
+                _mark(place) == mark for place, mark in looked):
+            with self._lock:
+                if len(self._found) >= _CACHE_ENTRIES:
+                    self._found.clear()
+                self._found[key] = (tuple(looked), found)
+        return found
+
+    def sha256(self, path: str) -> str | None:
+        """sha256 of the regular file at ``path`` (symlinks followed); None when there is
+        none. Read again only when its stamp moved."""
+        with self._lock:
+            kept = self._hashes.get(path)
+        if kept is not None:
+            try:
+                if _stamp(os.stat(path)) == kept[0]:
+                    return kept[1]
+            except (OSError, ValueError):
+                return None
+        now = time.time_ns()
+        try:
+            with open_regular(path, follow_symlinks=True) as f:
+                before = _stamp(os.fstat(f.fileno()))
+                sha = hashlib.file_digest(f, "sha256").hexdigest()
+                after = _stamp(os.fstat(f.fileno()))
+        except (OSError, ValueError, HostCallError):
+            return None
+        if before == after and after[4] < now - RACY_NS:
+            with self._lock:
+                if len(self._hashes) >= _CACHE_ENTRIES:
+                    self._hashes.clear()
+                self._hashes[path] = (after, sha)
+        return sha
+
+
+#: sha256 of no bytes: the digest of an empty output.
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 class _Stream:
-    """One output pipe: decode for streaming, redact, and spool to a temp file hashing."""
+    """One output pipe: decode for streaming, redact, and spool to a temp file hashing.
+
+    The spool is made when the first bytes come: most commands leave one stream empty,
+    and an empty one is the empty blob, with no file made or removed for it."""
 
     def __init__(self, name: str, ctx: CommandContext) -> None:
         self.name = name
         self.redactor = ctx.redactor
-        fd, self.tmp = tempfile.mkstemp(dir=ctx.blobs.tmp, prefix=ctx.blobs.temp_prefix(name))
-        self.file = os.fdopen(fd, "wb")
+        self.blobs = ctx.blobs
+        self.tmp: str | None = None
+        self.file: BinaryIO | None = None
         self.hasher = hashlib.sha256()
         self.size = 0
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -192,6 +370,10 @@ class _Stream:
 
     def feed(self, data: bytes) -> str:
         data = self.redactor.data(data)
+        if self.file is None:
+            fd, self.tmp = tempfile.mkstemp(dir=self.blobs.tmp,
+                                            prefix=self.blobs.temp_prefix(self.name))
+            self.file = os.fdopen(fd, "wb")
         self.file.write(data)
         self.hasher.update(data)
         self.size += len(data)
@@ -200,9 +382,13 @@ class _Stream:
         return text
 
     def finish(self, blobs: FileBlobStore) -> str:
-        self.file.close()
+        """The stream's blob digest, its spool committed (an empty stream's blob is the
+        caller's to make sure of: :func:`_empty_blob`)."""
         tail = self.decoder.decode(b"", final=True)
         self.tail = (self.tail + tail)[-TAIL_CHARS:]
+        if self.file is None or self.tmp is None:
+            return _EMPTY_SHA256
+        self.file.close()
         digest = self.hasher.hexdigest()
         if blobs.stored(digest):
             os.unlink(self.tmp)
@@ -210,6 +396,12 @@ class _Stream:
             # Same commit path as any blob: the spool already holds the bytes.
             blobs._commit(self.tmp, digest, self.size)
         return digest
+
+
+def _empty_blob(blobs: FileBlobStore) -> None:
+    """The empty blob, stored once: what an empty output's digest names."""
+    if not blobs.stored(_EMPTY_SHA256):
+        blobs.put_bytes(b"")
 
 
 def _env_changes(env: Mapping[str, str], launch: Mapping[str, str],
@@ -224,8 +416,12 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     ws = ctx.workspace
     ctx.redactor.learn(env)
     path_env = env.get("PATH", "")
-    executable = resolve_executable(command, cwd, path_env)
-    exe_sha = file_sha256(Path(executable)) if executable else None
+    known = ctx.executables
+    if known is not None:
+        known.generation(ctx.generation)
+    executable = resolve_executable(command, cwd, path_env, known)
+    exe_sha = None if not executable else (
+        known.sha256(executable) if known is not None else file_sha256(Path(executable)))
     # Traced: the command's changes come from what the tracer sees it do, so nothing is
     # walked or hashed before it runs. Untraced (or the tracer already failed): stat the
     # workspace now and compare after.
@@ -236,7 +432,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     # rule); judge its executable and its module shadowing where it really runs.
     last, last_cwd = last_command(command, cwd)
     last_exe = executable if (last, last_cwd) == (command, cwd) else resolve_executable(
-        last, last_cwd, path_env)
+        last, last_cwd, path_env, known)
     shadowed = shadowed_modules(last, last_cwd)
 
     started = time.time()
@@ -262,34 +458,38 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     timed_out = False
     deadline = None if timeout is None else t0 + timeout
     exited_at: float | None = None
-    with selectors.DefaultSelector() as sel:
-        for pipe in streams:
-            assert pipe is not None
-            os.set_blocking(pipe.fileno(), False)
-            sel.register(pipe, selectors.EVENT_READ)
-        while sel.get_map():
-            now = time.monotonic()
-            if deadline is not None and now >= deadline and not timed_out:
-                timed_out = True
-                kill_group(proc)
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > PIPE_GRACE:
-                break  # a background child holds the pipe; do not wait for it
-            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-            for key, _ in sel.select(wait):
-                data = os.read(key.fd, 65536)
-                if not data:
-                    sel.unregister(key.fileobj)
-                    continue
-                stream = streams[key.fileobj]
-                text = stream.feed(data)
-                if text and listening:
-                    try:
-                        emit({"stream": stream.name, "text": text})
-                    except OSError:
-                        # The cell stopped listening (interrupted); keep recording.
-                        listening = False
+    try:
+        with selectors.DefaultSelector() as sel:
+            for pipe in streams:
+                assert pipe is not None
+                os.set_blocking(pipe.fileno(), False)
+                sel.register(pipe, selectors.EVENT_READ)
+            while sel.get_map():
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and not timed_out:
+                    timed_out = True
+                    kill_group(proc)
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > PIPE_GRACE:
+                    break  # a background child holds the pipe; do not wait for it
+                wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
+                for key, _ in sel.select(wait):
+                    data = os.read(key.fd, 65536)
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        continue
+                    stream = streams[key.fileobj]
+                    text = stream.feed(data)
+                    if text and listening:
+                        try:
+                            emit({"stream": stream.name, "text": text})
+                        except OSError:
+                            # The cell stopped listening (interrupted); keep recording.
+                            listening = False
+    except BaseException:
+        kill_group(proc)  # no receipt can be made (a spool could not be written)
+        raise
     try:
         returncode = proc.wait(timeout=None if timed_out else (
             None if deadline is None else max(0.1, deadline - time.monotonic())))
@@ -306,6 +506,8 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     duration = time.monotonic() - t0
     out, err = streams.values()
     out_sha, err_sha = out.finish(ctx.blobs), err.finish(ctx.blobs)
+    if _EMPTY_SHA256 in (out_sha, err_sha):
+        _empty_blob(ctx.blobs)
     found, traced = _find_changes(ctx, proc, before, started_ns, started_mono_ns)
     manifest_ref = ctx.blobs.put_bytes(
         json.dumps(found.manifest, sort_keys=True, separators=(",", ":")).encode("utf-8"))

@@ -12,7 +12,7 @@ host/_subtasks.py (skills, sub-tasks).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from .._models import Verdict
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, SQLiteLedger
 from ..store.pg import PostgresLedger
-from ._bash import Redactor
+from ._bash import ExecutableCache, Redactor
 from ._cells import CellRunner, RunningCell
 from ._generations import Generations
 from ._lineage import SessionLineage
@@ -39,7 +39,8 @@ class CallContext:
     """What a host call handler may use: the session's parts, not the Host.
 
     ``submit`` is the facade's verification entry (host/_submissions.py); ``skills``
-    is the catalog ``host.skills`` reads, loaded on first use when not given.
+    is the catalog ``host.skills`` reads, loaded on first use when not given;
+    ``executables`` the PATH lookups and executables' hashes ``host.bash`` remembers.
     """
 
     workdir: Path
@@ -55,6 +56,7 @@ class CallContext:
     hash_cache: HashCache
     submit: Callable[..., Verdict]
     skills: Any = None
+    executables: ExecutableCache = field(default_factory=ExecutableCache)
 
     # The names sub-task and skill handlers read (host/_subtasks.py).
     @property

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,14 +172,7 @@ class SessionRecord:
                 # cannot be hashed as UTF-8: keep the event, with U+FFFD in its place.
                 event = ledger.append(self.session_id, kind, scrubbed(body))
         except ForeignEventError as exc:
-            self._foreign = RecordError(
-                f"the ledger's tail is not what this Host last wrote, and no holder of the "
-                f"record key wrote what follows (seq {', '.join(map(str, exc.seqs)) or '?'}): "
-                f"events were appended or edited behind the Host's back. The Host writes "
-                f"nothing more to this record; "
-                f"`host-kernel audit {self.record_dir}` shows the events.", code="foreign_event")
-            self._note_foreign(kind, exc)
-            raise self._foreign from exc
+            raise self._refuse_foreign(kind, exc) from exc
         if isinstance(ledger, PostgresLedger):
             # Events whose append raised (the ledger was away past the bound) and that the
             # ledger found committed since: this Host wrote them, so they are anchored.
@@ -187,6 +181,46 @@ class SessionRecord:
                 self.appended[late.seq] = late.hash
         self.appended[event.seq] = event.hash
         return event
+
+    def append_many(self, events: Sequence[tuple[str, dict[str, Any]]]) -> list[Event]:
+        """Append ``(kind, body)`` events to this session in order, in one transaction
+        where the ledger has one for several events (SQLite): all of them, or none.
+
+        A ledger without it (PostgreSQL, for now) gets them one :meth:`append` at a time:
+        each is whole, but a failure part way leaves the first ones in. Refuses, like
+        :meth:`append`, once the tail is not ours."""
+        ledger = self.ledger
+        many = getattr(ledger, "append_many", None)
+        if many is None or len(events) < 2:
+            return [self.append(kind, body) for kind, body in events]
+        if self._foreign is not None:
+            raise self._foreign
+        kinds = ", ".join(kind for kind, _ in events)
+        try:
+            try:
+                appended: list[Event] = many(self.session_id, events)
+            except UnicodeEncodeError:
+                appended = many(self.session_id, [(k, scrubbed(b)) for k, b in events])
+        except ForeignEventError as exc:
+            raise self._refuse_foreign(kinds, exc) from exc
+        if isinstance(ledger, PostgresLedger):
+            while ledger.adopted:  # as in append: events found committed after all
+                late = ledger.adopted.pop(0)
+                self.appended[late.seq] = late.hash
+        for event in appended:
+            self.appended[event.seq] = event.hash
+        return appended
+
+    def _refuse_foreign(self, kind: str, exc: ForeignEventError) -> RecordError:
+        """Foreign events on the tail: from now on every append is refused with this."""
+        self._foreign = RecordError(
+            f"the ledger's tail is not what this Host last wrote, and no holder of the "
+            f"record key wrote what follows (seq {', '.join(map(str, exc.seqs)) or '?'}): "
+            f"events were appended or edited behind the Host's back. The Host writes "
+            f"nothing more to this record; "
+            f"`host-kernel audit {self.record_dir}` shows the events.", code="foreign_event")
+        self._note_foreign(kind, exc)
+        return self._foreign
 
     def _note_foreign(self, kind: str, exc: ForeignEventError) -> None:
         """The chain cannot take our own note once foreign events sit on its tail, so the

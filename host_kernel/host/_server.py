@@ -6,9 +6,11 @@ is ``POST /call/<name>`` with a bearer token and a JSON object of arguments
 its other arguments as JSON in the ``Host-Kernel-Args`` header); the reply is
 newline-delimited JSON sent with chunked encoding, so a call can stream lines
 (``{"stream": "stdout", "text": …}``) before its last line, which is
-``{"result": …}`` or ``{"error": …}``. Which calls exist, who may make them and
-what they do is the Host's business (``dispatch``); this module never decides
-acceptance.
+``{"result": …}`` or ``{"error": …}``. Each streamed line is one write; the last
+line and the reply's end are one write (with the status line and headers when
+nothing was streamed), so a call that streams nothing wakes the kernel once for its
+whole answer. Which calls exist, who may make them and what they do is the Host's
+business (``dispatch``); this module never decides acceptance.
 
 The bounds, each checked before anything is held (docs/security.md states them):
 
@@ -198,6 +200,19 @@ class RawBody:
             yield self._handler.read_body(min(size, self._handler.body_left), self._deadline)
 
 
+#: The chunk that ends a chunked reply.
+_LAST_CHUNK = b"0\r\n\r\n"
+
+
+def _line(value: dict[str, Any]) -> bytes:
+    """One newline-delimited JSON line of a reply."""
+    return (json.dumps(value, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _UnixServer
@@ -252,51 +267,49 @@ class _Handler(BaseHTTPRequestHandler):
         except HostCallError as exc:
             refused = exc
             self.server.refusals.refused(None, None, name or self.path, exc.code, exc.message)
-        emit = self._emit
         try:
             try:
                 if refused is not None:
                     raise refused
-                result = self.server.dispatch(name, token, args, emit)
+                result = self.server.dispatch(name, token, args, self._emit)
             finally:
                 if reserved:
                     self.server.budget.give(reserved)
-            emit({"result": result})
+            last = _line({"result": result})
         except HostKernelError as exc:
-            emit({"error": exc.to_dict()})
+            last = _line({"error": exc.to_dict()})
         except Exception as exc:  # a Host bug must not kill the channel; say what broke
-            emit({"error": {"type": "HostKernelError", "code": "host_internal_error",
-                            "message": f"the Host failed to carry out the call: "
-                                       f"{type(exc).__name__}: {exc}"}})
+            last = _line({"error": {"type": "HostKernelError", "code": "host_internal_error",
+                                    "message": f"the Host failed to carry out the call: "
+                                               f"{type(exc).__name__}: {exc}"}})
+        # The last line and the end of the reply in one write (with the status line and
+        # headers when nothing was streamed before): the kernel, waiting on the other end,
+        # wakes once for the whole answer instead of once per piece.
         with self._lock:
-            self._start()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            self.wfile.write(self._head() + _chunk(last) + _LAST_CHUNK)
         if self.body_left:
             self.close_connection = True  # a body left unread: this connection is done
 
-    def _start(self) -> None:
-        """The reply's status line and headers, before its first line (under the lock)."""
+    def _head(self) -> bytes:
+        """The reply's status line and headers the first time (under the lock), then b""."""
         if self._started:
-            return
+            return b""
         self._started = True
         if self.body_left:
             # A body not read (yet): if it is never read, the connection must close, and
             # the client must not send its next call on it.
             self.close_connection = True
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-ndjson")
-        self.send_header("Transfer-Encoding", "chunked")
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
+        return (b"HTTP/1.1 200 OK\r\nServer: %s\r\nDate: %s\r\n"
+                b"Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n%s\r\n"
+                % (self.version_string().encode("latin-1"),
+                   self.date_time_string().encode("latin-1"),
+                   b"Connection: close\r\n" if self.close_connection else b""))
 
     def _emit(self, line: dict[str, Any]) -> None:
-        data = (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8")
+        """One streamed line of the reply (output of a running command), sent at once."""
+        data = _chunk(_line(line))
         with self._lock:
-            self._start()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
+            self.wfile.write(self._head() + data)
 
     def _parse(self) -> tuple[str, str | None, Any, int]:
         """The call's name, token and arguments, and the bytes it holds of the budget."""

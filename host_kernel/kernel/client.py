@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import base64
 import builtins
-import http.client
 import json
 import os
 import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
+from io import BufferedReader
 from typing import Any
 
 from .._errors import BadArguments, HostCallError, SubmissionRefused, error_for_code
@@ -31,18 +31,32 @@ __all__ = ["HostClient", "Skills", "Subtask", "SubtaskResult"]
 #: of the Host's idle timeout (host/_server.py, IDLE_TIMEOUT), so the Host never closes
 #: a connection as the next call goes out on it.
 REUSE_FOR = 20.0
+#: Longest line of a reply's status and headers, and most header lines, read.
+_LINE_LIMIT = 65536
+_MAX_HEADERS = 100
+#: Bodies up to this size go out in the same write as the request's headers.
+_JOIN_BODY = 1 << 20
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP/1.1 to the Host's call socket (a Unix-domain socket): the standard library's
-    client, so the first call costs no import of a third-party HTTP stack."""
+class _AnswerCut(Exception):
+    """The Host's answer broke the HTTP/1.1 framing it promised (or ended early)."""
+
+
+class _Connection:
+    """One kept-alive HTTP/1.1 connection to the Host's call socket (a Unix-domain socket).
+
+    A lean client of the standard library's sockets: a request goes out in one write
+    (request line, headers and body), and the reply, a chunked stream of JSON lines, is
+    read line by line as it comes, so a call costs each side one wake-up per message and
+    the first call imports no HTTP stack.
+    """
 
     def __init__(self, path: str) -> None:
-        super().__init__("host")
         self._path = path
+        self.sock: socket.socket | None = None
         self.used = 0.0
 
-    def connect(self) -> None:
+    def connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(10.0)
@@ -52,6 +66,17 @@ class _UnixConnection(http.client.HTTPConnection):
             sock.close()
             raise
         self.sock = sock
+        return sock
+
+    def close(self) -> None:
+        """Hang up now (a reader still open on the socket does not keep it up)."""
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
 
     def fresh(self) -> None:
         """Before a call: drop the kept-alive connection if it sat idle too long, or the
@@ -62,6 +87,101 @@ class _UnixConnection(http.client.HTTPConnection):
         if sock is not None and (now - self.used > REUSE_FOR or _readable(sock)):
             self.close()
         self.used = now
+
+    def send(self, head: bytes, body: bytes) -> None:
+        """The request, in one write when the body is small enough to join its headers."""
+        sock = self.sock if self.sock is not None else self.connect()
+        if len(body) <= _JOIN_BODY:
+            sock.sendall(head + body)
+        else:
+            sock.sendall(head)
+            sock.sendall(body)
+
+    def lines(self) -> Generator[bytes, None, None]:
+        """The reply's body, one line at a time, as each arrives. Afterwards the connection
+        is ready for the next call, or closed when the Host said it closes it. (A reader
+        per reply, as the standard library's client has: nothing one reply's reader took
+        is ever read as the next reply.)"""
+        if self.sock is None:
+            raise _AnswerCut("no connection")
+        with self.sock.makefile("rb") as rfile:
+            closes = yield from self._reply(rfile)
+        if closes:
+            self.close()
+
+    def _reply(self, rfile: BufferedReader) -> Generator[bytes, None, bool]:
+        """The lines of one reply; returns whether the Host closes the connection after it."""
+        status = self._line(rfile)
+        if not status.startswith(b"HTTP/1."):
+            raise _AnswerCut(f"not an HTTP/1.x reply: {status[:80]!r}")
+        closes = status.startswith(b"HTTP/1.0")
+        chunked, length = False, -1
+        for _ in range(_MAX_HEADERS + 1):
+            line = self._line(rfile)
+            if line in (b"\r\n", b"\n"):
+                break
+            key, _, value = line.partition(b":")
+            key, value = key.strip().lower(), value.strip().lower()
+            if key == b"transfer-encoding":
+                chunked = value.endswith(b"chunked")
+            elif key == b"content-length" and value.isdigit():
+                length = int(value)
+            elif key == b"connection":
+                closes = value == b"close"
+        else:
+            raise _AnswerCut(f"more than {_MAX_HEADERS} header lines")
+        if chunked:
+            yield from _split(_chunks(rfile, self._line))
+        elif length >= 0:
+            yield from _split(iter([_exactly(rfile, length)]))
+        else:
+            closes = True
+            yield from _split(iter(lambda: rfile.read1(1 << 16), b""))
+        return closes
+
+    @staticmethod
+    def _line(rfile: BufferedReader) -> bytes:
+        line = rfile.readline(_LINE_LIMIT + 1)
+        if not line:
+            raise _AnswerCut("the Host closed the connection before its answer ended")
+        if len(line) > _LINE_LIMIT:
+            raise _AnswerCut("a line of the answer's head is too long")
+        return line
+
+
+def _chunks(rfile: BufferedReader, line: Callable[[BufferedReader], bytes]) -> Iterator[bytes]:
+    """The data of a chunked body, chunk by chunk, up to and past its last (empty) chunk."""
+    while True:
+        size_line = line(rfile).split(b";", 1)[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise _AnswerCut(f"a chunk size that is not a number: {size_line[:40]!r}") from None
+        if size == 0:
+            while line(rfile) not in (b"\r\n", b"\n"):  # trailers, if any
+                pass
+            return
+        yield _exactly(rfile, size)
+        if line(rfile) not in (b"\r\n", b"\n"):
+            raise _AnswerCut("a chunk did not end where its size said")
+
+
+def _exactly(rfile: BufferedReader, size: int) -> bytes:
+    data = rfile.read(size)
+    if len(data) != size:
+        raise _AnswerCut("the Host closed the connection before its answer ended")
+    return data
+
+
+def _split(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Whole lines out of pieces of a body (a line may span pieces, or a piece hold many)."""
+    rest = b""
+    for piece in pieces:
+        rest += piece
+        *whole, rest = rest.split(b"\n")
+        yield from whole
+    if rest:
+        yield rest
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -100,46 +220,52 @@ class HostClient:
 
     # -- the wire
 
-    def _connection(self) -> _UnixConnection:
+    def _connection(self) -> _Connection:
         """This thread's connection (calls from several threads run side by side)."""
         if self._http is None:
             self._http = threading.local()
-        conn: _UnixConnection | None = getattr(self._http, "conn", None)
+        conn: _Connection | None = getattr(self._http, "conn", None)
         if conn is None:
-            conn = self._http.conn = _UnixConnection(self._socket_path)
+            conn = self._http.conn = _Connection(self._socket_path)
         return conn
 
     def _call(self, name: str, /, *, _raw: bytes | None = None, **args: Any) -> Any:
         """One call. ``_raw``: a file's bytes sent as the body itself (write_file), its
         other arguments in a header, so neither side ever holds them as JSON."""
-        headers = {"Authorization": f"Bearer {self._token}"}
+        if not name.isprintable() or " " in name:
+            raise HostCallError(f"the call {name!r} did not reach the Host: a call's name is "
+                                f"one word of printable characters")
         if _raw is None:
             body = json.dumps(args, ensure_ascii=False).encode("utf-8")
-            headers["Content-Type"] = "application/json"
+            kind = b"application/json"
+            extra = b""
         else:
             body = _raw
-            headers["Content-Type"] = "application/octet-stream"
-            headers["Host-Kernel-Args"] = json.dumps(args)  # ASCII: fits a header
+            kind = b"application/octet-stream"
+            # ASCII (json.dumps' default): fits a header
+            extra = b"Host-Kernel-Args: %s\r\n" % json.dumps(args).encode("ascii")
+        head = (b"POST /call/%s HTTP/1.1\r\nHost: host\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: %s\r\nContent-Length: %d\r\n%s\r\n"
+                % (name.encode("utf-8", "surrogateescape"), self._token.encode("utf-8"), kind,
+                   len(body), extra))
         result: Any = None
         error: dict[str, str] | None = None
         conn = self._connection()
         conn.fresh()
         cut_short = False
+        reply: Generator[bytes, None, None] | None = None
         try:
             # One kept-alive connection: the Host answers each call in full (a chunked
             # stream of lines) before the next is sent. A call is never sent twice.
             try:
-                conn.request("POST", f"/call/{name}", body=body, headers=headers)
+                conn.send(head, body)
             except (BrokenPipeError, ConnectionResetError):
                 # The Host refuses a body over its limit without reading it, answers and
                 # closes: the answer is already waiting, so read it (if the Host is gone
                 # instead, reading fails below and says so), then drop the connection.
                 cut_short = True
-            response = conn.getresponse()
-            while True:
-                line = response.readline()
-                if not line:
-                    break
+            reply = conn.lines()
+            for line in reply:
                 if not line.strip():
                     continue
                 msg = json.loads(line)
@@ -151,10 +277,18 @@ class HostClient:
                     result = msg["result"]
                 elif "error" in msg:
                     error = msg["error"]
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except (OSError, ValueError, _AnswerCut) as exc:
             conn.close()
             raise HostCallError(f"the call {name!r} did not reach the Host or its answer was "
                                 f"cut short: {type(exc).__name__}: {exc}") from None
+        except BaseException:
+            # Interrupted (Ctrl-C) with the answer half read: never read its rest as the
+            # next call's answer. The Host sees the connection close and stops streaming.
+            conn.close()
+            raise
+        finally:
+            if reply is not None:
+                reply.close()
         if cut_short:
             conn.close()  # the Host closed its end; the next call opens a new connection
         if error is not None:

@@ -341,6 +341,53 @@ class SQLiteLedger:
             self._known = Head(seq, digest)
         return Event(seq, session, ts, kind, body, prev, digest)
 
+    def append_many(self, session: str, events: Sequence[tuple[str, dict[str, Any]]]
+                    ) -> list[Event]:
+        """Append several events, each chained on the one before, in ONE transaction: all
+        of them are in the ledger afterwards, or none (a failure rolls every one back).
+
+        The same checks as :meth:`append` (ForeignEventError, appending nothing, when events
+        after the known head break the chain or lack a valid MAC), made once.
+        """
+        if self.readonly or self._key is None:
+            raise RecordRefused(f"the ledger at {self.path} was opened read-only",
+                                code="record_readonly")
+        key = self._key
+        prepared = [(kind, body, *_serialise(kind, body)) for kind, body in events]
+        out: list[Event] = []
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC "
+                                   "LIMIT 1").fetchone()
+                tail = None if row is None else Head(row["seq"], row["hash"])
+                if tail != self._known:
+                    self._accept_others(conn, key, tail)
+                seq, prev = (0, GENESIS) if tail is None else (tail.seq, tail.hash)
+                for kind, body, text, field in prepared:
+                    seq += 1
+                    ts = time.time()
+                    digest = event_hash(prev, seq, session, ts, kind, text)
+                    conn.execute(
+                        f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                        (seq, session, ts, kind, text, prev, digest, event_mac(key, digest)),
+                    )
+                    project(conn, seq, session, ts, kind, body, text, field)
+                    out.append(Event(seq, session, ts, kind, body, prev, digest))
+                    prev = digest
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    kinds = ", ".join(kind for kind, _ in events)
+                    raise RecordError(f"cannot append {kinds} to the ledger: {exc}") from exc
+                raise
+            if out:
+                self._known = Head(out[-1].seq, out[-1].hash)
+        return out
+
     def _accept_others(self, conn: sqlite3.Connection, key: bytes, tail: Head | None) -> None:
         """Take events other writers appended after the known head, if a key holder wrote
         each one and the chain runs on unbroken; else raise ForeignEventError."""
