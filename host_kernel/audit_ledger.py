@@ -15,7 +15,11 @@ its tables missing, a key that is not the ledger's (``record_key_invalid``) or n
 It also owns where a ledger's blobs are read from (:func:`ledger_blob_sources`, which
 the viewer uses too). It reads the ledger through
 :class:`~host_kernel.store.pg.PostgresLedger`'s reader, in one read-only snapshot, and
-the chain's own checks (:mod:`host_kernel.store.chain`); it never writes.
+the chain's own checks (:mod:`host_kernel.store.chain`); it never writes. The audited
+events are read once, in one query: each session's chain and MACs are checked on those
+rows in one pass, and the projection is rebuilt from the very rows checked; only a
+session that pass cannot vouch for is walked again by the chain's own checks, which say
+what is wrong with it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .audit_checks import (
     check_submissions,
     no_progress,
 )
+from .audit_pass import quick_chains, read_events, replay
 from .store.base import ChainProblem
 from .store.chain import GENESIS, event_hash, event_mac
 from .store.ledger import RecordRefused, SQLiteLedger, collector_paused, rebuild
@@ -145,10 +150,14 @@ def _audit_ledger(ledger: Any, report: AuditReport, audits: dict[str, SessionAud
                                        f"events' MACs were not checked, only their chains",
                                        fatal=False))
     progress("chain", 0, report.events)
-    _check_chains(ledger, audits, whole, key, progress)
+    # Every event of the audited sessions read once, in one query: their chains and MACs
+    # are checked on these rows, and the projection is rebuilt from these same rows.
+    rows = read_events(ledger, None if whole else list(audits))
+    _check_chains(ledger, audits, rows, whole, key, progress)
     progress("chain", report.events, report.events)
     sound = [s for s, a in audits.items() if not a.findings]
-    trusted, sound = _rebuild(ledger, audits, sound, whole and len(sound) == len(audits), key)
+    trusted, sound = _rebuild(ledger, audits, sound, rows, key)
+    del rows
     if trusted is None:
         return
     try:
@@ -235,10 +244,30 @@ def _select_sessions(ledger: Any, names: list[str] | None, since: float | None,
 # ---------------------------------------------------------------------- chains
 
 
-def _check_chains(ledger: Any, audits: dict[str, SessionAudit], whole: bool,
-                  key: bytes | None, progress: Progress) -> None:
-    """Each session's chain and MACs; a session whose chain breaks gets its problems, the
-    first described (where in the chain, what was expected there)."""
+def _check_chains(ledger: Any, audits: dict[str, SessionAudit], rows: Sequence[tuple[Any, ...]],
+                  whole: bool, key: bytes | None, progress: Progress) -> None:
+    """Each session's chain and MACs, on ``rows``; a session whose chain breaks gets its
+    problems, the first described (where in the chain, what was expected there)."""
+    from .store.pg import session_chain_problems
+
+    doubtful, stray = quick_chains(ledger, rows, None if whole else list(audits), key)
+    if stray or not doubtful <= audits.keys():
+        _check_chains_exactly(ledger, audits, whole, key, progress)
+        return
+    for i, (session, audit) in enumerate(audits.items(), 1):
+        problems = session_chain_problems(ledger, session, key) if session in doubtful else []
+        if problems:
+            _chain_findings(ledger, audit, problems, key)
+            audit.checked = True  # nothing more is checked of it: its verdict is in
+        else:
+            audit.events_verified = audit.events
+        progress("sessions", i, len(audits))
+
+
+def _check_chains_exactly(ledger: Any, audits: dict[str, SessionAudit], whole: bool,
+                          key: bytes | None, progress: Progress) -> None:
+    """:func:`_check_chains` for a ledger whose events or heads name no session (a column
+    altered): every chain walked by the chain's own checks, which say where."""
     from .store.pg import session_chain_problems
 
     everywhere: list[ChainProblem] = []
@@ -367,15 +396,15 @@ def _row_broken(r: Any, before: Any, key: bytes | None) -> bool:
 
 
 def _rebuild(ledger: Any, audits: dict[str, SessionAudit], sound: list[str],
-             everything: bool, key: bytes | None) -> tuple[SQLiteLedger | None, list[str]]:
-    """The projection rebuilt from the ``sound`` sessions' events (``everything``: they are
-    all the ledger's), and the sessions it holds: a session whose events cannot be
-    replayed is damaged and left out, the others are rebuilt without it."""
+             rows: Sequence[tuple[Any, ...]],
+             key: bytes | None) -> tuple[SQLiteLedger | None, list[str]]:
+    """The projection rebuilt from the ``sound`` sessions' events (their ``rows``, checked
+    just before), and the sessions it holds: a session whose events cannot be replayed is
+    damaged and left out, the others are rebuilt without it."""
     if not sound:
         return None, []
     try:
-        return (rebuild(ledger, key=key) if everything
-                else rebuild(ledger, sessions=sound, key=key)), sound
+        return replay(rows, set(sound)), sound
     except RecordError:
         pass  # one session's events cannot be replayed: find which, one by one
     good: list[str] = []

@@ -11,9 +11,11 @@ other and a reader checks one session without reading the others:
   ``body``, ``prev`` (the hash of the session's event ``n - 1``, or :data:`GENESIS`),
   ``hash`` = :func:`~host_kernel.store.chain.event_hash` over ``(prev, n, session, ts,
   kind, body)``, and ``mac``, HMAC-SHA256 of the hash under the record key.
-- ``heads`` holds each session's last ``(n, hash, seq)``. An append locks the session's
-  row (``SELECT … FOR UPDATE``), so a session's chain is linear however many writers
-  hold the key; sessions interleave freely.
+- ``heads`` holds each session's last ``(n, hash, seq)``. An append moves the session's
+  row on only from the head its writer knows, and holds the row's lock to its commit (one
+  prepared statement, one round trip); where the head is elsewhere it locks the row
+  first (``SELECT … FOR UPDATE``) and checks what moved it. So a session's chain is
+  linear however many writers hold the key; sessions interleave freely.
 - The projection tables are those of the SQLite ledger, filled by the same
   :func:`~host_kernel.store.projection.project` in the append's transaction.
 - ``ledger_meta`` keeps the ledger's id (random, made with the schema) and a check
@@ -58,6 +60,7 @@ SQL over psycopg are :mod:`~host_kernel.store.pgwire`'s; the waiting is
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import hmac
 import threading
@@ -83,14 +86,15 @@ from .chain import (
     session_starts,
 )
 from .keys import KEY_BYTES, KEY_ENV, _key_check, key_path, keys_folder, read_key
+from .pgappend import OneStatementAppend
 from .pgschema import PG_SCHEMA, create_schema, plain_tables
 from .pgwire import (
+    Row,
     _no_nul,
     _pg_error,
     _pg_reason,
     _pg_sql,
     _Projector,
-    _row_factory,
     is_postgres_url,
     redact_url,
 )
@@ -134,7 +138,7 @@ def _lock_id(session: str) -> int:
                                          "surrogatepass")).digest()[:8], "big", signed=True)
 
 
-class PostgresLedger:
+class PostgresLedger(OneStatementAppend):
     """A ledger in a PostgreSQL database (psycopg 3); see the module for its layout.
 
     ``key``: the record key (default: :func:`ledger_key` of ``url``). A writer creates
@@ -193,6 +197,10 @@ class PostgresLedger:
         self._backend: tuple[int, Any] | None = None
         self._lost_backend: tuple[int, Any] | None = None
         self._in_snapshot = False
+        #: The one-statement appends prepared on this connection (statement: its name), and
+        #: how many were ever prepared (each name is new).
+        self._prepared: dict[str, str] = {}
+        self._statements = 0
         self._conn: Any = None
         try:
             self._patiently("connect", lambda: None)
@@ -256,7 +264,7 @@ class PostgresLedger:
     def _connect(self) -> Any:
         """A connection set up as every statement of the ledger needs it (psycopg's
         errors raised as they are: :meth:`_patiently` tells an outage from a refusal)."""
-        conn = self._psycopg.connect(self.url, autocommit=True, row_factory=_row_factory,
+        conn = self._psycopg.connect(self.url, autocommit=True, row_factory=_rows,
                                      connect_timeout=max(1, int(self._connect_timeout)),
                                      application_name="host_kernel")
         try:
@@ -281,6 +289,11 @@ class PostgresLedger:
         except BaseException:
             conn.close()
             raise
+        if not self.readonly:
+            # A writer prepares its appends itself (:meth:`_prepare`). psycopg's own
+            # preparing would, after a rollback, deallocate them all, and takes a statement
+            # it prepares in a pipeline that an error aborts first for prepared all the same.
+            conn.prepare_threshold = None
         self._backend = (conn.info.backend_pid, started)
         return conn
 
@@ -289,6 +302,7 @@ class PostgresLedger:
         cut) or never was; the sessions this writer held are to be taken again
         (:meth:`_take_back`) before anything else is done on it."""
         old, self._conn = self._conn, None
+        self._prepared = {}  # they lived in the old connection's session
         if old is not None:
             with contextlib.suppress(Exception):
                 old.close()
@@ -424,9 +438,16 @@ class PostgresLedger:
 
     def _append(self, session: str, kind: str, body: dict[str, Any], key: bytes, text: str,
                 field: str | None, ts: float) -> Event:
+        if self._pending is None:  # else an append's outcome is unknown: read the head
+            done = self._append_at_known_head(session, kind, body, key, text, field, ts)
+            if done is not None:
+                return done
         conn = self._conn
-        # Two round trips: the session's head (locked) with the next seq, then the
-        # event, the head moved on, the projection and the commit, pipelined.
+        # The session's head is not where this writer left it (or the tables refused the
+        # one statement, or an append's reply was lost): two round trips, the head read
+        # and locked with the next seq, then whatever moved it checked (an append of this
+        # writer's that did commit among it), the event, the head moved on, the projection
+        # and the commit, pipelined.
         with conn.pipeline(), conn.transaction():
             head = "SELECT n, hash, nextval('events_seq') FROM heads WHERE " \
                    "session = %s FOR UPDATE"
@@ -633,6 +654,18 @@ class PostgresLedger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _row_class(names: tuple[str, ...]) -> type[Row]:
+    return type("Row", (Row,), {"_index": {n: i for i, n in enumerate(names)}})
+
+
+def _rows(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    """psycopg's row factory for the ledger's connections: rows read by index and by
+    column name (:class:`~host_kernel.store.pgwire.Row`), one class per set of column
+    names (an append reads three results, a statement's and its BEGIN's and COMMIT's)."""
+    return _row_class(tuple(c.name for c in cursor.description or ()))
 
 
 class _Lingering(Exception):
