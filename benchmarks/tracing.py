@@ -98,6 +98,11 @@ class _Trio:
         #: Each timed Host cell's ``Observation.duration`` (request sent to reply and idle
         #: status received), by side: the rest of its time is the Host's work after the reply.
         self.rounds: dict[str, list[float]] = {"traced": [], "untraced": []}
+        #: The first warm-up run of the measured cell, by side (traced, untraced, bare): the
+        #: cold one, when a Host hashes and keeps every file it reads for the first time.
+        self.first: tuple[float, ...] = ()
+        #: Which supervisor served the traced Host's kernel: "c" or "python" (trace.py).
+        self.supervisor = "?"
 
     def __enter__(self) -> _Trio:
         try:
@@ -105,6 +110,9 @@ class _Trio:
                 (self.root / side).mkdir()
                 self.prepare(self.root / side)
             self.traced = _start_host(self.root / "traced", trace=True)
+            kernel = self.traced.generations.kernel
+            if kernel is not None:
+                self.supervisor = str(kernel.hello.get("supervisor", "?"))
             self.untraced = _start_host(self.root / "untraced", trace=False)
             self.bare = BareKernel(self.root / "bare").start()
             if self.strace:
@@ -152,9 +160,10 @@ class _Trio:
         return elapsed
 
     def measure(self, code: str, n: int, warmup: int) -> list[tuple[float, ...]]:
-        for _ in range(warmup):
-            for run in self.sides(code):
-                run()
+        for i in range(warmup):
+            times = tuple(run() for run in self.sides(code))
+            if i == 0:
+                self.first = times
         for kept in self.rounds.values():
             kept.clear()
         return rotated(n, self.sides(code))
@@ -200,7 +209,13 @@ def bench_trace_files(plan: Plan) -> Result:
     with scratch() as root, _Trio(root, prepare, setup, strace=why_no_strace is None) as trio:
         times = trio.measure(code, n, warmup=1)
     notes = [f"{count} files, {n} cells each; Host() includes taking the traced accesses "
-             f"and the lineage bookkeeping, Host(trace=False) the audit hook's reports"]
+             f"and the lineage bookkeeping, Host(trace=False) the audit hook's reports",
+             f"supervisor: {trio.supervisor}"]
+    if trio.first:
+        first, bare_first = trio.first[0], trio.first[2]
+        notes.append(f"first run, cold (every file hashed and its bytes kept for the first "
+                     f"time): Host() {fmt_seconds(first)}, bare {fmt_seconds(bare_first)} "
+                     f"({first / bare_first:.3f}×, target ≤ 3×)")
     if why_no_strace is not None:
         notes.append(f"no strace figure: {why_no_strace}")
     return _result("trace_files", 1.6, times, *notes, rounds=trio.rounds)

@@ -12,9 +12,14 @@ record says so.
 The copy runs **before** lineage hashes the reads and leaves its hash in the
 session's :data:`~host_kernel.host._workspace.HashCache` under the rule of
 :func:`~host_kernel.host._workspace.cached_sha256` (cached only when the file's
-stat key did not change while it was copied), so lineage's hash of a kept file
-costs one ``stat`` and names the bytes stored: each kept file is read and
-hashed once. What lineage ends up with is checked after it ran
+stat key did not change while it was copied), so lineage names the bytes stored
+and each kept file is read and hashed once per content. A traced read whose
+stamp (the stat key the tracer saw at its open,
+:class:`~host_kernel.host._workspace.OpenStamps`) is the key of a cached hash
+whose bytes are kept costs no look at the file at all; without a stamp, one
+``stat``. Small files new to the store are put as one batch (:class:`_Batch`:
+one flush of the file system before they are renamed into place and one after,
+instead of two ``fsync`` calls each). What lineage ends up with is checked after it ran
 (:meth:`InputKeeper.report`): a sha is listed as kept only when the store
 returned it for bytes it holds, and a file that changed between the copy and
 lineage's hash is listed twice, the bytes copied as kept and lineage's sha by
@@ -26,9 +31,12 @@ host/_cells.py do), nor what lineage makes of them (host/_lineage.py).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
+import itertools
 import os
+import secrets
 import tempfile
 import threading
 import time
@@ -38,7 +46,7 @@ from dataclasses import dataclass, field
 from io import BufferedReader
 from typing import Any
 
-from .._errors import HostCallError
+from .._errors import HostCallError, PathRefused
 from ..store.blobs import CHUNK, BlobRef, FileBlobStore, open_beneath
 from ._workspace import FileStat, HashCache, Workspace, cached_sha256, stat_key
 
@@ -125,6 +133,13 @@ def _copy_into(src: int, dst: int, size: int) -> None:
         left -= n
 
 
+def _odd(rel: str) -> bool:
+    """Whether ``rel`` may have a part that is empty, ``.``, ``..`` or ``__pycache__``."""
+    return (not rel or rel[0] == "/" or rel[-1] == "/" or "//" in rel or "__pycache__" in rel
+            or rel in (".", "..") or rel.startswith(("./", "../"))
+            or rel.endswith(("/.", "/..")) or "/./" in rel or "/../" in rel)
+
+
 def store_file(store: FileBlobStore, src: BufferedReader, size: int) -> BlobRef:
     """Store at most ``size`` bytes of ``src`` (from its offset) as a blob, and return what
     was stored: the copy is made inside the kernel, then the copy itself is hashed, so the
@@ -149,6 +164,146 @@ def store_file(store: FileBlobStore, src: BufferedReader, size: int) -> BlobRef:
     except BaseException as exc:
         store._discard(tmp)
         raise store._storage_error(exc) from exc
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syncfs = getattr(_libc, "syncfs", None)
+
+
+class _Batch:
+    """Small inputs on their way into a :class:`FileBlobStore`, made durable together.
+
+    Each is written, as it is read, to a temp file of the store's (named with the
+    Host's pid, as the store's own puts are, so a sweep can tell leftovers apart);
+    :meth:`commit` then flushes the store's file system once (``syncfs``), renames
+    each into place under its digest, and flushes once more: what the store's own
+    put does with two ``fsync`` calls per blob (one for the bytes, one for the
+    folder), here done once for all of them. The same digest is written once.
+    Without ``syncfs`` each temp file and each folder is synced one by one.
+    """
+
+    def __init__(self, store: FileBlobStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._prefix = store.temp_prefix("input") + secrets.token_hex(4) + "-"
+        self._names = itertools.count()
+        self._dir: int | None = None
+        #: sha256 -> the temp file holding its bytes (a name under the store's tmp/).
+        self.staged: dict[str, str] = {}
+        #: read path -> bytes of the budget it holds until the batch is settled.
+        self.reserved: dict[str, int] = {}
+        #: sha256 -> why its bytes could not be stored.
+        self.failed: dict[str, str] = {}
+        self._moved: set[str] = set()
+
+    def _tmp(self) -> int:
+        with self._lock:
+            if self._dir is None:
+                self._dir = os.open(self.store.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            return self._dir
+
+    def add(self, sha: str, data: bytes) -> None:
+        """Write ``data`` (whose digest is ``sha``) to a temp file, unless it is staged."""
+        folder = self._tmp()
+        with self._lock:
+            if sha in self.staged:
+                return
+            name = self.staged[sha] = f"{self._prefix}{next(self._names)}"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444,
+                         dir_fd=folder)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with self._lock:
+                self.failed[sha] = str(FileBlobStore._storage_error(exc))
+            raise
+
+    def fail_all(self, why: str) -> None:
+        for sha in self.staged:
+            self.failed.setdefault(sha, why)
+        self._discard()
+
+    def commit(self) -> None:
+        """Make every staged blob durable under its name (see the class docstring)."""
+        if not self.staged:
+            self._discard()
+            return
+        folder = self._tmp()
+        store = self.store
+        durable = store.durable
+        blobs = os.open(store.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        subfolders: dict[str, int] = {}
+        try:
+            if durable:
+                self._flush(folder, [name for sha, name in self.staged.items()
+                                     if sha not in self.failed], ())
+            for sha, name in self.staged.items():
+                if sha in self.failed:
+                    continue
+                try:
+                    sub = subfolders.get(sha[:2])
+                    if sub is None:
+                        try:
+                            os.mkdir(sha[:2], dir_fd=blobs)
+                        except FileExistsError:
+                            pass
+                        sub = subfolders[sha[:2]] = os.open(
+                            sha[:2], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            dir_fd=blobs)
+                    try:
+                        os.stat(sha, dir_fd=sub, follow_symlinks=False)
+                    except FileNotFoundError:
+                        pass
+                    else:
+                        if store._intact(sha):
+                            continue  # stored already; anything else there is replaced
+                    os.replace(name, sha, src_dir_fd=folder, dst_dir_fd=sub)
+                    self._moved.add(sha)
+                except OSError as exc:
+                    self.failed[sha] = str(FileBlobStore._storage_error(exc))
+            if durable and subfolders:
+                self._flush(folder, [], subfolders.values())
+        finally:
+            for fd in subfolders.values():
+                os.close(fd)
+            os.close(blobs)
+            self._discard()
+
+    def _flush(self, folder: int, names: list[str], folders: Iterable[int]) -> None:
+        """Everything written so far on the store's file system made durable: one
+        ``syncfs``, or where it fails each temp file (``names``) and folder synced."""
+        if _syncfs is not None and _syncfs(folder) == 0:
+            return
+        for name in names:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for fd in folders:
+            os.fsync(fd)
+
+    def _discard(self) -> None:
+        """Remove the temp files not renamed into place, and let go of the folder."""
+        with self._lock:
+            folder, self._dir = self._dir, None
+        if folder is None:
+            return
+        try:
+            for sha, name in self.staged.items():
+                if sha in self._moved:
+                    continue
+                try:
+                    os.unlink(name, dir_fd=folder)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(folder)
 
 
 class InputKeeper:
@@ -188,7 +343,7 @@ class InputKeeper:
         checks its path again, fully (:meth:`_copy_one`); this is the cheap sieve."""
         out: list[str] = []
         for rel in dict.fromkeys(r for r in reads if isinstance(r, str)):
-            parts = rel.split("/")
+            parts = rel.split("/") if _odd(rel) else ()  # most are plain (the tracer's are)
             if "__pycache__" in parts:
                 continue
             if any(p in ("", ".", "..") for p in parts) or (
@@ -206,16 +361,24 @@ class InputKeeper:
 
     def copy(self, reads: Iterable[object]) -> list[Copied]:
         """Store the bytes of each read not kept yet, within the budget; the hash of each
-        stored file goes into the hash cache. Returns one :class:`Copied` per candidate."""
+        stored file goes into the hash cache. Returns one :class:`Copied` per candidate.
+
+        A read whose stamp (the stat key the tracer saw at its open, handed over with
+        these reads: :class:`~host_kernel.host._workspace.OpenStamps`) is the key of a
+        cached hash whose bytes are kept costs nothing more: no file is looked at. Small
+        files not kept yet are stored as one batch (:class:`_Batch`): one flush of the
+        file system for all of them instead of two ``fsync`` calls each."""
+        reads = list(reads)
         rels = self.candidates(reads)
         if not rels:
             return []
         if self.budget <= 0:
             return [Copied(rel, None, 0) for rel in rels]
+        stamps = self.workspace.stamps.for_reads(reads)
         done: dict[str, Copied] = {}
         todo: list[str] = []
         for rel in rels:
-            known = self._kept_already(rel)
+            known = self._kept_already(rel, stamps.get(rel))
             if known is None:
                 todo.append(rel)
             else:
@@ -223,16 +386,32 @@ class InputKeeper:
         if len(todo) == 1:
             done[todo[0]] = self._copy_one(todo[0])
         elif todo:
-            with ThreadPoolExecutor(min(WORKERS, len(todo)),
-                                    thread_name_prefix="keep-input") as pool:
-                done.update(zip(todo, pool.map(self._copy_one, todo), strict=True))
+            store = self._store()
+            # A store of another kind (one that mirrors each put elsewhere) puts one by one.
+            batch = _Batch(store) if type(store) is FileBlobStore else None
+            # A few threads, each with its share of the files in turn (not a task per file).
+            workers = min(WORKERS, len(todo))
+            shares = [todo[i::workers] for i in range(workers)]
+            try:
+                with ThreadPoolExecutor(workers, thread_name_prefix="keep-input") as pool:
+                    for share, found in zip(shares, pool.map(
+                            lambda share: [self._copy_one(rel, batch) for rel in share],
+                            shares), strict=True):
+                        done.update(zip(share, found, strict=True))
+            finally:
+                if batch is not None:
+                    self._settle(batch, done)
         return [done[rel] for rel in rels]
 
-    def _kept_already(self, rel: str) -> Copied | None:
-        """A read whose bytes are known (hash cache, same stat key) and kept: no I/O but a stat."""
+    def _kept_already(self, rel: str, stamp: FileStat | None = None) -> Copied | None:
+        """A read whose bytes are known (hash cache, same stat key) and kept: with the read's
+        stamp, no I/O at all; without, a stat."""
         hit = self.cache.get(rel)
         if hit is None or hit[1] not in self._stored:
             return None
+        if stamp is not None:
+            # The open found the file under the key its cached hash was taken with.
+            return Copied(rel, None, stamp[0], entry=hit) if stamp == hit[0] else None
         try:
             key = stat_key(os.stat(os.path.join(self.workspace.root, rel),
                                    follow_symlinks=False))
@@ -240,17 +419,30 @@ class InputKeeper:
             return None
         return Copied(rel, None, key[0], entry=hit) if key == hit[0] else None
 
-    def _copy_one(self, rel: str) -> Copied:
+    def _open(self, rel: str) -> BufferedReader | None:
+        """``rel`` opened beneath the root with no symlink followed, checked to be a regular
+        file; None when it is gone, not a regular file, or leads out of the workspace."""
         root = self.workspace.root
         try:
-            # Resolved (a symlink leading out, or into the record, is refused), then opened
-            # beneath the root with no symlink followed and checked to be a regular file.
+            # A plain path is opened as named; one with a symlink on its way is resolved
+            # (one leading out, or into the record, is refused) and its target opened.
+            return open_beneath(root, rel, label=repr(rel))
+        except PathRefused:
+            pass
+        except (OSError, HostCallError):
+            return None
+        try:
             real = self.workspace.resolve(rel)
             if "__pycache__" in real.parts:
-                return Copied(rel, None, 0)
-            src = open_beneath(root, real.relative_to(root).as_posix(), label=repr(rel))
+                return None
+            return open_beneath(root, real.relative_to(root).as_posix(), label=repr(rel))
         except (OSError, HostCallError):
-            return Copied(rel, None, 0)  # gone, not a regular file, or swapped for a symlink
+            return None  # gone, not a regular file, or swapped for a symlink
+
+    def _copy_one(self, rel: str, batch: _Batch | None = None) -> Copied:
+        src = self._open(rel)
+        if src is None:
+            return Copied(rel, None, 0)
         with src:
             try:
                 taken = time.time_ns()
@@ -265,6 +457,8 @@ class InputKeeper:
                 if self.used + size > self.budget:
                     return Copied(rel, None, size)  # kept by hash only
                 self.used += size  # reserved; settled below
+            if batch is not None and size <= SMALL:
+                return self._stage(rel, src, key, taken, batch)
             ref: BlobRef | None = None
             entry = None
             try:
@@ -283,6 +477,47 @@ class InputKeeper:
                         self._stored[ref.sha256] = ref.size
                         self.used += ref.size
         return Copied(rel, ref.sha256, ref.size, entry=entry)
+
+    def _stage(self, rel: str, src: BufferedReader, key: FileStat, taken: int,
+               batch: _Batch) -> Copied:
+        """A small file's bytes read, hashed and written to one of the batch's temp files;
+        its reserved size is settled by :meth:`_settle`, after the batch is committed. The
+        cache gets the hash as :meth:`_copy_one` gives it."""
+        batch.reserved[rel] = key[0]
+        try:
+            data = src.read(key[0])
+            sha = hashlib.sha256(data).hexdigest()
+            entry = None
+            if len(data) == key[0] and stat_key(os.fstat(src.fileno())) == key:
+                entry = self.cache[rel] = (key, sha, taken)
+            with self._lock:
+                known = sha in self._stored
+            if not known:
+                batch.add(sha, data)
+        except Exception as exc:  # noqa: BLE001 - a full disk: this input by hash only
+            return Copied(rel, None, key[0], f"{rel}: {exc}")
+        return Copied(rel, sha, len(data), entry=entry)
+
+    def _settle(self, batch: _Batch, done: dict[str, Copied]) -> None:
+        """Commit the batch, then settle what each staged read reserved: a sha the store
+        now holds is kept (and counted once); one it could not store is an error, and the
+        read is kept by hash only."""
+        try:
+            batch.commit()
+        except Exception as exc:  # noqa: BLE001 - a full disk: these inputs by hash only
+            batch.fail_all(f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            for rel, reserved in batch.reserved.items():
+                self.used -= reserved
+                c = done.get(rel)
+                if c is None or c.sha256 is None:
+                    continue
+                error = batch.failed.get(c.sha256)
+                if error is not None:
+                    done[rel] = Copied(rel, None, c.size, f"{rel}: {error}", entry=c.entry)
+                elif c.sha256 not in self._stored:
+                    self._stored[c.sha256] = c.size
+                    self.used += c.size
 
     # -- the report (after lineage hashed the reads)
 

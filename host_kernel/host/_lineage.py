@@ -7,8 +7,12 @@ loaded), and each ``host.bash`` receipt (the files the command changed, linked
 to the receipt and to the workspace files its command line names). At
 ``save_artifact`` it answers which inputs flowed into the file, hashing each
 input file as it is then (``hashed_at`` says when: at the end of the reading
-cell, or at save time for reads in the saving cell itself). A read of a file
-that still holds the bytes of an artifact loaded there becomes that artifact.
+cell, or at save time for reads in the saving cell itself). A traced read whose
+stamp (the file's stat key at the open, host/_trace.py) is the key of a hash
+the Host already holds is that hash, with no look at the file: a file is
+hashed once per content, not once per read; one that changed between its open
+and its hash is marked ``changed_after_read``. A read of a file that still
+holds the bytes of an artifact loaded there becomes that artifact.
 
 It does not decide trust: reads reported by the kernel are lineage evidence
 only (docs/lineage.md), never acceptance evidence.
@@ -76,6 +80,9 @@ class SessionLineage:
         #: (path, sha256) of a session-made file as it was read → its derivation: who wrote
         #: those bytes and the direct inputs they were made from (the graph's file edges).
         self.derivations: dict[tuple[str, str], dict[str, Any]] = {}
+        #: (key, sha256, cell) of traced reads hashed after their file changed: the bytes
+        #: named are the file's later ones, not those its open found.
+        self.changed_after_read: set[tuple[str, str, str]] = set()
 
     # -- feeding
 
@@ -85,17 +92,17 @@ class SessionLineage:
         if size > 0:
             self.artifact_bytes.setdefault(sha256, artifact_id)
 
-    def _file_source(self, rel: str, sha: str, method: str, cell_id: str) -> list[Source]:
+    def _file_source(self, rel: str, sha: str, method: str, cell_id: str) -> Source:
         """A read of ``rel`` (bytes ``sha``) as its one direct source: an artifact
         materialised there or saved with those bytes; otherwise the file. When the session
         wrote the file earlier, what its content was made from is kept as the file's own
         derivation (an edge of the graph), not added to the reader's inputs."""
         loaded = self.materialised.get(rel)
         if loaded is not None and loaded[1] == sha:
-            return [Source(f"artifact:{loaded[0]}", method, cell_id, sha)]
+            return Source(f"artifact:{loaded[0]}", method, cell_id, sha)
         saved = self.artifact_bytes.get(sha)
         if saved is not None:
-            return [Source(f"artifact:{saved}", method, cell_id, sha)]
+            return Source(f"artifact:{saved}", method, cell_id, sha)
         writer = self.writers.get(rel)
         if writer is not None and (rel, sha) not in self.derivations:
             upstream = self.tracker.inputs_for_file(rel)
@@ -103,7 +110,7 @@ class SessionLineage:
                 "path": rel, "sha256": sha, "written_by": dict(writer),
                 "inputs": [self._item(s) for s in upstream],
                 "truncated": self.tracker.is_truncated(rel)}
-        return [Source(file_key(rel), method, cell_id, sha)]
+        return Source(file_key(rel), method, cell_id, sha)
 
     def _note_writes(self, cell_id: str, writes: Iterable[str],
                      renames: Sequence[tuple[str, str]], removes: Iterable[str]) -> None:
@@ -136,7 +143,7 @@ class SessionLineage:
                 queue += found["inputs"]
         return out
 
-    def _sources(self, cell_id: str, reads: Iterable[str], io: CellIO, when: str,
+    def _sources(self, cell_id: str, reads: Sequence[str], io: CellIO, when: str,
                  method: str = OBSERVED) -> list[tuple[str, Source]]:
         """(path it was read at, source) for each direct read of the cell; ``method``
         says how the reads were found (traced by the Host, or reported by the kernel)."""
@@ -147,22 +154,34 @@ class SessionLineage:
             # A collected result is a data conduit: what the cell builds from it comes
             # from the sub-task (and, through it, from the inputs the sub-task read).
             out.append((f"subtask:{handle}", Source(f"subtask:{handle}", OBSERVED, cell_id)))
-        for read_at in dict.fromkeys([*reads, *io.reads]):
-            hashed = self._hash(read_at)
-            if hashed is None:
-                continue  # opened but gone, or a failed open
-            rel, found = hashed
-            direct, *upstream = self._file_source(rel, found, method, cell_id)
-            self.hashed_at.setdefault(direct.identity, when)
-            out.append((read_at, direct))
-            out += [(read_at, s) for s in upstream]
+        # The tracer's stamps of these very reads (none for the kernel's own report); a
+        # file the Host itself read or wrote for the cell is looked at again.
+        stamps = self.workspace.stamps.for_reads(reads) if method == TRACED else {}
+        by_host = set(io.reads).union(io.writes) if stamps else set()
+        cache, hashed_at = self.hash_cache, self.hashed_at
+        for rel in dict.fromkeys([*reads, *io.reads]) if io.reads else dict.fromkeys(reads):
+            stamp = stamps.get(rel)
+            hit = cache.get(rel) if stamp is not None else None
+            if hit is not None and hit[0] == stamp and rel not in by_host:
+                found = hit[1]  # the open found the bytes hashed under its key
+            else:
+                hashed = self._hash(rel)
+                if hashed is None:
+                    continue  # opened but gone, or a failed open
+                found = hashed
+                if stamp is not None and rel not in by_host and cache.get(
+                        rel, ((), "", 0))[:2] != (stamp, found):
+                    # Hashed under another key than the open's: changed since it was read.
+                    self.changed_after_read.add((file_key(rel), found, cell_id))
+            direct = self._file_source(rel, found, method, cell_id)
+            hashed_at.setdefault((direct.key, direct.sha256), when)
+            out.append((rel, direct))
         return out
 
-    def _hash(self, rel: str) -> tuple[str, str] | None:
-        """(path, sha256) of a workspace file that was read; None when it is gone, not a
-        regular file, or a symlink leading out (hashing resolves one that stays inside)."""
-        sha = cached_sha256(self.workspace.root, rel, self.hash_cache)
-        return None if sha is None else (rel, sha)
+    def _hash(self, rel: str) -> str | None:
+        """sha256 of a workspace file that was read; None when it is gone, not a regular
+        file, or a symlink leading out (hashing resolves one that stays inside)."""
+        return cached_sha256(self.workspace.root, rel, self.hash_cache)
 
     @staticmethod
     def _access(access: Any) -> tuple[list[str], list[str], list[tuple[str, str]], list[str]]:
@@ -243,14 +262,13 @@ class SessionLineage:
     def _file_sources(self, cell_id: str, rels: Iterable[str], changed: set[str],
                       method: str, limit: int | None = None) -> list[Source]:
         out: list[Source] = []
-        for read_at in dict.fromkeys(rels):
-            hashed = None if read_at in changed else self._hash(read_at)
-            if hashed is None or hashed[0] in changed:
+        for rel in dict.fromkeys(rels):
+            sha = None if rel in changed else self._hash(rel)
+            if sha is None:
                 continue  # its own product, gone, or not a regular file
-            rel, sha = hashed
-            direct, *upstream = self._file_source(rel, sha, method, cell_id)
+            direct = self._file_source(rel, sha, method, cell_id)
             self.hashed_at.setdefault(direct.identity, "command_end")
-            out += [direct, *upstream]
+            out.append(direct)
             if limit is not None and len(out) >= limit:
                 break
         return out
@@ -296,6 +314,8 @@ class SessionLineage:
         if kind == "file":
             item.update(path=rest, sha256=s.sha256,
                         hashed_at=self.hashed_at.get(s.identity, "cell_end"))
+            if (s.key, s.sha256, s.via_cell) in self.changed_after_read:
+                item["changed_after_read"] = True
         elif kind == "artifact":
             item.update(artifact_id=rest, sha256=s.sha256)
         elif kind == "subtask":

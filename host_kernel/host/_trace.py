@@ -7,7 +7,11 @@ accesses stamped between its start and its end (those stamped before its start
 happened between cells and are kept apart as such), a ``host.bash`` command
 takes those of its own process tree. :class:`TracedAccess` is what one owner
 did, in the shape the lineage tracker reads (``reads``, ``writes``,
-``renames``, ``removes``).
+``renames``, ``removes``), with the *stamp* of each read: the file's stat key
+as init saw it at the open (``stamps``). A cell's stamps are handed to the
+input keeper and lineage through the workspace's
+:class:`~host_kernel.host._workspace.OpenStamps`, so a file whose stamp is the
+key the Host hashed it under is not looked at again.
 
 It decides nothing about trust or acceptance; it is lineage evidence made on
 the trusted side (docs/lineage.md).
@@ -23,7 +27,7 @@ from typing import Any
 
 from ..sandbox.client import Sandbox
 from ..sandbox.trace import EXEC, LINK, READ, READ_WRITE, REMOVE, RENAME, WRITE
-from ._workspace import Workspace
+from ._workspace import FileStat, Workspace
 
 __all__ = ["GONE", "KERNEL", "LINK", "MAYBE", "MOVED_IN", "RENAME", "SLACK_NS", "Before",
            "TraceLog", "TracedAccess", "WROTE"]
@@ -85,6 +89,10 @@ class TracedAccess:
     #: A command's before-states, by workspace path (symlinks resolved as its calls
     #: resolved them): what each path was at the command's first call that might change it.
     before: dict[str, Before] = field(default_factory=dict)
+    #: Read path -> its stamp: the stat key init took at its latest open for reading (a
+    #: plain read or an exec, symlinks followed), for the reads this owner did not also
+    #: write, rename or remove (a bytecode read, counted as its source's, has none).
+    stamps: dict[str, FileStat] = field(default_factory=dict)
 
     def access(self) -> dict[str, Any]:
         """The shape the lineage tracker reads (host/_lineage.py)."""
@@ -163,21 +171,26 @@ class TraceLog:
         cell's own end (a ``save_artifact`` in the middle of the cell)."""
         with self._lock:
             self._pull()
-            mine = [a for a in self._pending if a[1] == KERNEL and (end_ns is None
-                                                                    or a[0] <= end_ns)]
+            mine: list[tuple[Any, ...]] = []
+            left: list[tuple[Any, ...]] = []
+            for a in self._pending:
+                if a[1] == KERNEL and (end_ns is None or a[0] <= end_ns):
+                    mine.append(a)
+                else:
+                    left.append(a)
             if consume:
-                taken = {id(a) for a in mine}
-                self._pending = [a for a in self._pending if id(a) not in taken]
+                self._pending = left
             dropped = self.dropped
             if consume:
                 self.dropped = 0
         before = [a for a in mine if a[0] < start_ns]
-        during = [a for a in mine if a[0] >= start_ns]
+        during = [a for a in mine if a[0] >= start_ns] if before else mine
         out = self._shape(during, since_wall_ns)
         out.between = list(dict.fromkeys(
-            rel for a in before for rel in map(self._relative, a[3:]) if rel is not None))
+            rel for a in before for rel in map(self._relative, _paths(a)) if rel is not None))
         out.dropped = dropped
         out.error = self.error
+        self.workspace.stamps.put(out.reads, out.stamps)
         return out
 
     def for_command(self, pid: int, since_wall_ns: int | None = None,
@@ -198,7 +211,7 @@ class TraceLog:
             if since_ns is not None:
                 for a in self._pending:
                     if a[2] in _WRITE_KINDS and a[0] >= since_ns - SLACK_NS:
-                        for path in a[3:]:
+                        for path in _paths(a):
                             rel = self._inside(path)
                             if rel is not None:
                                 others[rel] = None
@@ -227,6 +240,7 @@ class TraceLog:
         maybe_written: dict[str, None] = {}
         changed: dict[str, set[str]] = {}
         moves: list[tuple[str, str, str]] = []
+        stamps: dict[str, FileStat] = {}
 
         def note(path: str | None, how: str) -> str | None:
             raw = None if path is None else self._inside(path)
@@ -254,6 +268,14 @@ class TraceLog:
                     reads[rel] = None
                     if kind == READ_WRITE:
                         maybe_written[rel] = None
+                    elif len(access) > 4:
+                        # The latest sighting's stamp (sorted by time), only for a read of
+                        # the file itself: a bytecode read's stamp is not its source's.
+                        stamp = access[4]
+                        if stamp is not None and "__pycache__/" not in access[3]:
+                            stamps[rel] = stamp
+                        else:
+                            stamps.pop(rel, None)
             elif kind == WRITE:
                 if rel is not None and not _bytecode(access[3]):
                     writes[rel] = None
@@ -281,8 +303,13 @@ class TraceLog:
         for rel in maybe_written:
             if rel not in writes and self._changed_since(rel, since_wall_ns):
                 writes[rel] = None
+        if stamps and changed:
+            # A file this owner may have changed: its bytes at the end are not the stamp's.
+            for raw in changed:
+                stamps.pop(_source_of_bytecode(raw), None)
+                stamps.pop(raw, None)
         return TracedAccess(list(reads), list(writes), renames, list(removes),
-                            changed=changed, moves=moves)
+                            changed=changed, moves=moves, stamps=stamps)
 
     def _changed_since(self, rel: str, since_wall_ns: int | None) -> bool:
         if since_wall_ns is None:
@@ -294,6 +321,11 @@ class TraceLog:
         # The change time, not the modification time: a process can set the latter back
         # (os.utime) but never the former.
         return st.st_ctime_ns >= since_wall_ns - SLACK_NS
+
+
+def _paths(access: tuple[Any, ...]) -> tuple[str, ...]:
+    """The path (or the two paths of a rename or link) of a traced access."""
+    return access[3:5] if access[2] in (RENAME, LINK) else access[3:4]
 
 
 def _bytecode(path: str) -> bool:

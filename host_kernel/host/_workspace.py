@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import operator
 import os
 import stat
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path, PurePosixPath
@@ -27,9 +29,8 @@ from pathlib import Path, PurePosixPath
 from .._errors import BadArguments, FileProblem, HostCallError, PathRefused, StorageError
 from ..store.blobs import open_beneath, open_regular
 
-__all__ = ["SKIPPED_FOLDERS", "Workspace", "WrittenFile", "birth_ns", "cached_sha256",
-           "changed_since",
-           "file_sha256", "snapshot", "stat_key"]
+__all__ = ["SKIPPED_FOLDERS", "OpenStamps", "Workspace", "WrittenFile", "birth_ns",
+           "cached_sha256", "changed_since", "file_sha256", "snapshot", "stat_key"]
 
 MAX_PATH_CHARS = 4096
 
@@ -47,6 +48,8 @@ class Workspace:
     def __init__(self, root: str | Path, record_dir: str | Path) -> None:
         self.root = Path(os.path.realpath(root))
         self.record = Path(os.path.realpath(record_dir))
+        #: What the tracer saw at the opens of the reads shaped last (host/_trace.py).
+        self.stamps = OpenStamps()
 
     # -- resolving
 
@@ -217,8 +220,44 @@ FileStat = tuple[int, int, int, int]
 HashCache = dict[str, tuple[FileStat, str, int]]
 
 
+#: Files up to this size are hashed from one read.
+_SMALL = 1 << 20
+
+
 def stat_key(st: os.stat_result) -> FileStat:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+class OpenStamps:
+    """The stamps of the reads the tracer's log shaped last: each read file's stat key as
+    the sandbox's init saw it at the open (host/_trace.py puts them), for the Host's own
+    code that is handed those reads next (the input keeper, lineage).
+
+    A stamp equal to the key a cached hash was taken under means the read found those
+    very bytes: that hash is the read's, and nothing is looked at.
+    The stamps are handed over with the list of reads they were taken for, and
+    :meth:`for_reads` gives them only to a caller holding that list's own items (the same
+    objects, first, in order): a caller with other reads (the kernel's audit hook's, a
+    command's, a stale cell's) gets none and looks at the files itself.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reads: list[str] = []
+        self._stamps: dict[str, FileStat] = {}
+
+    def put(self, reads: list[str], stamps: dict[str, FileStat]) -> None:
+        with self._lock:
+            self._reads, self._stamps = reads, stamps
+
+    def for_reads(self, reads: Sequence[object]) -> dict[str, FileStat]:
+        """The stamps put with ``reads``' first items (the very objects); else none."""
+        with self._lock:
+            mine, stamps = self._reads, self._stamps
+        if not stamps or len(reads) < len(mine) or not all(
+                map(operator.is_, mine, reads)):
+            return {}
+        return stamps
 
 
 def cached_sha256(root: Path, rel: str, cache: HashCache,
@@ -245,16 +284,26 @@ def cached_sha256(root: Path, rel: str, cache: HashCache,
         if hit[0] == known:
             return hit[1]
     try:
-        f = _open_for_hash(Path(os.path.join(root, rel)), False, root)
+        # Most paths have no symlink on their way: opened as named, with none followed.
+        f = open_beneath(root, rel)
+    except PathRefused:
+        f = None  # a symlink (or ".."): resolved, and hashed at its target if that is inside
     except (OSError, HostCallError):
         return None
+    if f is None:
+        try:
+            f = _open_for_hash(Path(os.path.join(root, rel)), False, root)
+        except (OSError, HostCallError):
+            return None
     with f:
         try:
             taken = time.time_ns()
             key = stat_key(os.fstat(f.fileno()))
             if hit is not None and hit[0] == key:
                 return hit[1]
-            sha = hashlib.file_digest(f, "sha256").hexdigest()
+            # A small file in one read (file_digest allocates a 256 KiB buffer per call).
+            sha = (hashlib.sha256(f.read()).hexdigest() if key[0] <= _SMALL
+                   else hashlib.file_digest(f, "sha256").hexdigest())
             if stat_key(os.fstat(f.fileno())) == key:
                 cache[rel] = (key, sha, taken)
         except OSError:

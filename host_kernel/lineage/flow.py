@@ -146,6 +146,20 @@ class _FileInputs:
     truncated: bool
 
 
+def _first_distinct(sources: Sequence[Source], limit: int) -> Sequence[Source]:
+    """``sources`` up to the ``limit``-th distinct one: what a bounded collector keeps from
+    them, and one more when it would cut some (so it says it did), without looking at the
+    rest (a cell that read ten thousand files is not walked through again and again)."""
+    if len(sources) <= limit:
+        return sources
+    seen: set[tuple[str, str | None]] = set()
+    for end, source in enumerate(sources):
+        seen.add((source.key, source.sha256))
+        if len(seen) >= limit:
+            return sources[:end + 1]
+    return sources
+
+
 class FlowTracker:
     """Per-session def-use bookkeeping; call :meth:`observe_cell` after each cell."""
 
@@ -203,7 +217,7 @@ class FlowTracker:
             self._run += 1
         names = cell_names(code, modules=self._aliases)
         direct = _Collector(self._max)
-        direct.extend(sources_read)
+        direct.extend(_first_distinct(sources_read, self._max + 1))
         used = set(names.used)
         # a builtin name matters only if an earlier cell shadowed it
         used.update(n for n in names.builtins_used if n in self._names)

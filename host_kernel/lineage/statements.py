@@ -196,18 +196,26 @@ class _Matcher:
 
     ``*`` (and ``knowledge.UNKNOWN``) stand for any run of characters; a
     pattern may be relative to a folder below the workspace root, so
-    ``a.csv`` matches ``data/a.csv``. Plain patterns are looked up in a table
-    of path suffixes, the others matched with one compiled regex each.
+    ``a.csv`` matches ``data/a.csv``. Plain patterns are looked up by the
+    file name they end with (a table built at the first such lookup, so a cell
+    of ten thousand reads and no plain pattern builds none), the others matched
+    with one compiled regex each.
     """
 
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = list(dict.fromkeys(paths))
         self._cache: dict[str, frozenset[str]] = {}
-        self._suffixes: dict[str, set[str]] = {}
-        for path in self.paths:
-            parts = path.split("/")
-            for start in range(len(parts)):
-                self._suffixes.setdefault("/".join(parts[start:]), set()).add(path)
+        self._by_name: dict[str, list[str]] | None = None
+
+    def _named(self, query: str) -> frozenset[str]:
+        """The paths equal to ``query`` or ending with ``/`` and it (whole names only)."""
+        if self._by_name is None:
+            self._by_name = {}
+            for path in self.paths:
+                self._by_name.setdefault(path[path.rfind("/") + 1:], []).append(path)
+        below = "/" + query
+        return frozenset(p for p in self._by_name.get(query[query.rfind("/") + 1:], ())
+                         if p == query or p.endswith(below))
 
     def __call__(self, pattern: str) -> frozenset[str]:
         found = self._cache.get(pattern)
@@ -219,7 +227,7 @@ class _Matcher:
     def _match(self, pattern: str) -> frozenset[str]:
         query = pattern.replace(UNKNOWN, "*").removeprefix("./")
         if not any(c in query for c in "*?["):
-            return frozenset(self._suffixes.get(query, ()))
+            return self._named(query)
         whole = re.compile(fnmatch.translate(query))
         below = re.compile(fnmatch.translate("*/" + query))
         return frozenset(p for p in self.paths if whole.match(p) or below.match(p))

@@ -572,12 +572,16 @@ def main(argv: list[str]) -> int:
         from .trace import Supervisor
         counter = mmap.mmap(setup_fds[1], 8)
         os.close(setup_fds[1])
+        # Reads stamped with the file's stat key at open: the Host hashes a file once
+        # per content, not once per read (docs/lineage.md, "Hashes").
         supervisor = Supervisor(list(roots), counter=counter,
-                                resolve=list(setup.get("trace_resolve", ())))
+                                resolve=list(setup.get("trace_resolve", ())), stamp_reads=True)
         trace = _socket.socket(fileno=setup_fds[0])
     else:
         for fd in setup_fds:
             os.close(fd)
+    if supervisor is not None:
+        hello["supervisor"] = supervisor.implementation  # "c" or "python" (trace.py)
     hello.update({"pid_namespace": namespaces, "reason": reason,
                   "traced": supervisor is not None, "view": view is not None,
                   "masked": [] if view is None else view.masked,

@@ -27,6 +27,11 @@ Owns the two halves of tracing, both below the kernel's reach:
   path's *before-state*: whether it existed, its type, size, times and inode,
   and for a regular file of at most :data:`HASH_LIMIT` bytes (one name only),
   the sha256 of its bytes, read by init while the caller is still stopped.
+  With ``stamp_reads`` (init asks for it), each read (``open`` for reading,
+  ``execve``) is also *stamped* with the file's stat key as the call would find
+  it (size, modification and change time, inode; symlinks followed): the Host
+  then knows which bytes the read found without looking at the file again
+  (host/_trace.py, docs/lineage.md "Hashes").
 
 Why seccomp user notification rather than ptrace or fanotify (measured,
 docs/lineage.md): a notification costs one ``ioctl`` to receive and one to
@@ -41,6 +46,14 @@ thread of the caller could rewrite the path between that read and the
 kernel's own (seccomp_unotify(2)): the observation is then the path shown,
 not the path opened. docs/lineage.md lists this among the limits.
 
+The common call, an open for reading, is served in C when the compiled module
+``_host_kernel_notify`` (host_kernel/sandbox/_notify.c, built by ``pip install``)
+is there: it does what :meth:`Supervisor.serve` does for such a call, on the
+Supervisor's own state, and hands every other call back unanswered. Without it,
+or with ``HK_TRACE_SUPERVISOR=python`` in init's environment (the Host strips
+``HOST_KERNEL_*`` names from the kernel's, which init inherits), everything is
+served here; :attr:`Supervisor.implementation` says which.
+
 Kept import-light (it is on init's path): ``ctypes``, ``fcntl``, ``struct``.
 """
 
@@ -53,15 +66,25 @@ import os
 import platform
 import stat
 import struct
+import sys
 import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
-__all__ = ["HASH_BUDGET", "HASH_LIMIT", "Supervisor", "install_filter", "unavailable"]
+__all__ = ["HASH_BUDGET", "HASH_LIMIT", "NATIVE_ABI", "SUPERVISOR_ENV", "Supervisor",
+           "install_filter", "native", "unavailable"]
 
-# Access kinds, as recorded: (t_ns, source, kind, path[, path2]).
+#: ``python`` in init's environment: serve every call in Python, even where the compiled
+#: module is installed (a test runs both). Not ``HOST_KERNEL_*``: the Host strips those.
+SUPERVISOR_ENV = "HK_TRACE_SUPERVISOR"
+#: The protocol this module speaks with ``_host_kernel_notify`` (its ``ABI``).
+NATIVE_ABI = 1
+
+# Access kinds, as recorded: (t_ns, source, kind, path[, path2]); with stamps, a READ or
+# EXEC is (t_ns, source, kind, path, stamp), stamp (size, mtime_ns, ctime_ns, inode) or None.
 READ, WRITE, READ_WRITE, EXEC, RENAME, LINK, REMOVE = "r", "w", "rw", "x", "mv", "ln", "rm"
 #: Kinds that may change a path: each path's first one per command records its before-state.
 _MODIFYING = frozenset([WRITE, READ_WRITE, RENAME, LINK, REMOVE])
@@ -178,6 +201,44 @@ def install_filter() -> int:
     return int(fd)
 
 
+def native() -> Callable[[Any, int], Any] | None:
+    """The compiled fast path's ``serve`` (``_host_kernel_notify``), or None: not built, of
+    another ABI, or switched off by :data:`SUPERVISOR_ENV`.
+
+    init runs with ``-I -S``: the folder an install puts the module in (the site-packages
+    of this interpreter's virtual environment, or of its installation) is not on its path,
+    so it is looked for there too, and taken off the path again once imported."""
+    if os.environ.get(SUPERVISOR_ENV) == "python":
+        return None
+    try:
+        import _host_kernel_notify as module  # type: ignore[import-not-found]
+    except ImportError:
+        module = None
+        venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+        for prefix in (venv, sys.exec_prefix):
+            where = os.path.join(prefix, sys.platlibdir,
+                                 f"python{sys.version_info[0]}.{sys.version_info[1]}",
+                                 "site-packages")
+            if prefix == venv and not os.path.exists(os.path.join(venv, "pyvenv.cfg")):
+                continue
+            if where in sys.path or not os.path.isdir(where):
+                continue
+            sys.path.append(where)
+            try:
+                import _host_kernel_notify as module
+                break
+            except ImportError:
+                continue
+            finally:
+                sys.path.remove(where)
+        if module is None:
+            return None
+    if getattr(module, "ABI", None) != NATIVE_ABI:
+        return None
+    serve: Callable[[Any, int], Any] = module.serve
+    return serve
+
+
 class Supervisor:
     """Serves the listeners of one sandbox and keeps what they saw under ``roots``.
 
@@ -187,6 +248,10 @@ class Supervisor:
     The same access seen again before a collection is kept once more, with the
     latest time it was seen (so it falls in the right cell's window); at most
     ``limit`` distinct accesses are held, and past it ``dropped`` counts the rest.
+    With ``stamp_reads``, a READ or EXEC tuple ends with its *stamp*: the file's
+    ``(size, mtime_ns, ctime_ns, inode)`` from a ``stat`` taken while the caller
+    waits, just before its open runs (None when there is nothing to stat); a read
+    seen again carries the stamp of its latest sighting.
     ``counter``, a shared 8-byte buffer (the Host maps the same memory), counts every
     access kept or dropped so far: the Host skips asking when nothing new was seen.
 
@@ -203,7 +268,13 @@ class Supervisor:
     """
 
     def __init__(self, roots: list[str], limit: int = 200_000, counter: Any = None,
-                 resolve: tuple[str, ...] | list[str] = ()) -> None:
+                 resolve: tuple[str, ...] | list[str] = (), *,
+                 stamp_reads: bool = False, compiled: bool = True) -> None:
+        """``compiled``: serve opens for reading through :func:`native` when it is there."""
+        self.stamp_reads = stamp_reads
+        self._native = native() if compiled else None
+        #: "c" when the compiled module serves opens for reading, else "python".
+        self.implementation = "python" if self._native is None else "c"
         self.roots = tuple(r.rstrip("/") + "/" for r in roots if r)
         #: Folders outside the roots where a path may lead into them: those confined code
         #: can write (a symlink planted there) and /proc (``/proc/self/cwd/data.csv``). A
@@ -211,10 +282,10 @@ class Supervisor:
         self.resolve = tuple(r.rstrip("/") + "/" for r in [*resolve, "/proc"] if r)
         self.counter = counter
         self.seen = 0
-        #: (source, kind, path[, path2]) -> its entry in ``accesses``, and the latest
-        #: time it was seen again since.
+        #: (source, kind, path[, path2]) -> its entry in ``accesses``, and its latest
+        #: sighting since (the whole tuple: time, key[, stamp]).
         self._index: dict[tuple[Any, ...], int] = {}
-        self._last: dict[tuple[Any, ...], int] = {}
+        self._last: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self._tid = 0  # the caller of the notification being read
         self.sources: dict[int, int] = {}  # listener fd -> source
         self.accesses: list[tuple[Any, ...]] = []
@@ -271,7 +342,7 @@ class Supervisor:
     def take(self) -> tuple[list[tuple[Any, ...]], int]:
         """Everything seen since the last take, and how many were dropped."""
         out, dropped = self.accesses, self.dropped
-        out += [(t, *key) for key, t in self._last.items()]
+        out += self._last.values()
         self.accesses, self.dropped = [], 0
         self._index.clear()
         self._last.clear()
@@ -284,17 +355,21 @@ class Supervisor:
 
     def serve(self, listener: int) -> bool:
         """Handle one notification on ``listener``; False when it has no more callers."""
-        buf = self._buf
-        buf[:] = _ZEROS
-        try:
-            fcntl.ioctl(listener, _NOTIF_RECV, buf, True)
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:  # the caller went away before we read it
-                return True
-            if exc.errno == errno.EINTR:
-                return True
-            return False
-        nid, tid, _, nr, _, _, a0, a1, a2, a3, a4, _ = self._unpack(buf)
+        if self._native is not None:
+            # An open for reading is served there; any other call comes back unanswered.
+            got = self._native(self, listener)
+            if got is True or got is False:
+                return bool(got)
+            nid, tid, nr, a0, a1, a2, a3, a4 = got
+        else:
+            buf = self._buf
+            buf[:] = _ZEROS
+            try:
+                fcntl.ioctl(listener, _NOTIF_RECV, buf, True)
+            except OSError as exc:
+                # ENOENT: the caller went away before it was read; EINTR: try again later.
+                return exc.errno in (errno.ENOENT, errno.EINTR)
+            nid, tid, _, nr, _, _, a0, a1, a2, a3, a4, _ = self._unpack(buf)
         try:
             self._note(self.sources.get(listener, -1), tid, self._names.get(nr), a0, a1, a2,
                        a3, a4)
@@ -375,15 +450,19 @@ class Supervisor:
             if path2 is not None:
                 self._before(source, path2, False)
         key = (source, kind, path) if path2 is None else (source, kind, path, path2)
+        if self.stamp_reads and kind in (READ, EXEC):
+            entry: tuple[Any, ...] = (time.monotonic_ns(), *key, _stamp(path))
+        else:
+            entry = (time.monotonic_ns(), *key)
         if key in self._index:
-            # Seen before this collection: keep the first and the latest time only (a
-            # cell that reads one file a million times holds two entries, not a million).
-            self._last[key] = time.monotonic_ns()
+            # Seen before this collection: keep the first and the latest only (a cell
+            # that reads one file a million times holds two entries, not a million).
+            self._last[key] = entry
         elif len(self.accesses) >= self.limit:
             self.dropped += 1
         else:
             self._index[key] = len(self.accesses)
-            self.accesses.append((time.monotonic_ns(), *key))
+            self.accesses.append(entry)
         self.bump()
 
     def _before(self, source: int, path: str, follow: bool) -> None:
@@ -532,6 +611,16 @@ class Supervisor:
         if "/." in raw or "//" in raw:
             raw = os.path.normpath(raw)
         return raw
+
+
+def _stamp(path: str) -> tuple[int, int, int, int] | None:
+    """The stat key of the file an open of ``path`` would find now (symlinks followed, as
+    the open follows them), or None when there is none (the open will fail or create it)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def _open_kind(flags: int) -> str:
