@@ -119,10 +119,12 @@ class PgServer:
 
     def outage(self, seconds: float, mode: str = "fast") -> threading.Thread:
         """A thread, started, that halts the server, waits ``seconds`` and resumes it; join
-        it to know the server is back. What it raises is kept in ``thread.error``."""
+        it to know the server is back. What it raises is kept in ``thread.error``, and
+        when the server was down in ``thread.halted`` (wall clock)."""
         def run() -> None:
             try:
                 self.halt(mode)
+                thread.halted = time.time()  # type: ignore[attr-defined]
                 time.sleep(seconds)
             except BaseException as exc:  # noqa: BLE001 - handed to the test
                 thread.error = exc  # type: ignore[attr-defined]
@@ -135,6 +137,7 @@ class PgServer:
 
         thread = threading.Thread(target=run, name="pg-outage", daemon=True)
         thread.error = None  # type: ignore[attr-defined]
+        thread.halted = None  # type: ignore[attr-defined]
         thread.start()
         return thread
 
