@@ -168,6 +168,9 @@ def store_file(store: FileBlobStore, src: BufferedReader, size: int) -> BlobRef:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)
+#: Files in a batch from which one ``syncfs`` replaces an ``fsync`` each: it flushes the
+#: whole file system, whatever else is writing to it, so it pays only for many files.
+SYNCFS_FROM = 32
 
 
 class _Batch:
@@ -179,7 +182,9 @@ class _Batch:
     each into place under its digest, and flushes once more: what the store's own
     put does with two ``fsync`` calls per blob (one for the bytes, one for the
     folder), here done once for all of them. The same digest is written once.
-    Without ``syncfs`` each temp file and each folder is synced one by one.
+    With fewer than :data:`SYNCFS_FROM` files (``syncfs`` flushes the whole file
+    system, other writers' data included), or without ``syncfs``, each temp file and
+    each folder is synced one by one.
     """
 
     def __init__(self, store: FileBlobStore) -> None:
@@ -238,10 +243,11 @@ class _Batch:
         durable = store.durable
         blobs = os.open(store.blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         subfolders: dict[str, int] = {}
+        many = len(self.staged) >= SYNCFS_FROM
         try:
             if durable:
                 self._flush(folder, [name for sha, name in self.staged.items()
-                                     if sha not in self.failed], ())
+                                     if sha not in self.failed], (), many)
             for sha, name in self.staged.items():
                 if sha in self.failed:
                     continue
@@ -267,17 +273,19 @@ class _Batch:
                 except OSError as exc:
                     self.failed[sha] = str(FileBlobStore._storage_error(exc))
             if durable and subfolders:
-                self._flush(folder, [], subfolders.values())
+                self._flush(folder, [], subfolders.values(), many)
         finally:
             for fd in subfolders.values():
                 os.close(fd)
             os.close(blobs)
             self._discard()
 
-    def _flush(self, folder: int, names: list[str], folders: Iterable[int]) -> None:
+    def _flush(self, folder: int, names: list[str], folders: Iterable[int],
+               many: bool) -> None:
         """Everything written so far on the store's file system made durable: one
-        ``syncfs``, or where it fails each temp file (``names``) and folder synced."""
-        if _syncfs is not None and _syncfs(folder) == 0:
+        ``syncfs`` for ``many`` files, or (fewer, or where it fails) each temp file
+        (``names``) and folder synced."""
+        if many and _syncfs is not None and _syncfs(folder) == 0:
             return
         for name in names:
             fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
