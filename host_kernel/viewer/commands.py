@@ -72,13 +72,15 @@ def _view_run(args: argparse.Namespace) -> int:
     out.write("host-kernel view: press Ctrl-C to stop it\n")
     out.flush()
     opener: Path | None = None
-    if not args.no_browser and _browser_available():
-        opener = _opener(server.url)
-        try:
-            webbrowser.open(opener.as_uri())
-        except webbrowser.Error:
-            pass  # the URL is printed; that is enough
+    # Ctrl-C stops the viewer cleanly from the moment its URL is printed: while the
+    # browser starts too (a BROWSER command runs to its end before serving begins).
     try:
+        if not args.no_browser and _browser_available():
+            opener = _opener(server.url)
+            try:
+                webbrowser.open(opener.as_uri())
+            except webbrowser.Error:
+                pass  # the URL is printed; that is enough
         server.serve_forever()
     except KeyboardInterrupt:
         pass
