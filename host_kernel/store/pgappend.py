@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import RecordError
 from .base import Event, Head
 from .chain import GENESIS, event_hash, event_mac
-from .pgwire import _no_nul
+from .pgwire import _no_nul, _pg_sql
 from .projection import project
 
 __all__ = ["OneStatementAppend"]
@@ -71,7 +71,7 @@ class OneStatementAppend:
                              event_mac(key, digest)]
         for i, (sql, params) in enumerate(statements.taken):
             drawn = tuple(j for j, p in enumerate(params) if p is _DRAWN)
-            parts.append(f"p{i} AS ({_pg_statement(sql, drawn)})")
+            parts.append(f"p{i} AS ({_pg_sql(sql, drawn)})")
             values += [_no_nul(p) for p in params if p is not _DRAWN]
         statement = f"WITH {', '.join(parts)} SELECT seq FROM e"
         conn = self._conn
@@ -162,32 +162,6 @@ class _Statements:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self.taken.append((sql, tuple(params)))
-
-
-@functools.lru_cache(maxsize=256)
-def _pg_statement(sql: str, drawn: tuple[int, ...]) -> str:
-    """The projection's SQLite-style ``sql`` as psycopg's (``?`` as ``%s``, a literal
-    ``%`` doubled, outside quoted strings), the placeholders at ``drawn`` (0-based) reading
-    the drawn ``seq`` instead."""
-    out: list[str] = []
-    quote: str | None = None
-    place = 0
-    for ch in sql:
-        if quote is not None:
-            out.append("%%" if ch == "%" else ch)
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-            out.append(ch)
-        elif ch == "?":
-            out.append("(SELECT seq FROM h)" if place in drawn else "%s")
-            place += 1
-        elif ch == "%":
-            out.append("%%")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 @functools.lru_cache(maxsize=256)

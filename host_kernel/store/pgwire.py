@@ -194,11 +194,14 @@ SCHEMA_DIGEST = hashlib.sha256(SCHEMA.encode()).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=512)
-def _pg_sql(sql: str) -> str:
+def _pg_sql(sql: str, drawn: tuple[int, ...] = ()) -> str:
     """SQLite's ``?`` placeholders as psycopg's ``%s`` (and a literal ``%`` doubled),
-    outside quoted strings; the SQL the ledger's callers write is otherwise the same."""
+    outside quoted strings; the SQL the ledger's callers write is otherwise the same. The
+    placeholders at ``drawn`` (0-based) read the ``seq`` drawn by the one-statement
+    append's head instead (store/pgappend.py)."""
     out: list[str] = []
     quote: str | None = None
+    place = 0
     for ch in sql:
         if quote is not None:
             out.append("%%" if ch == "%" else ch)
@@ -208,7 +211,8 @@ def _pg_sql(sql: str) -> str:
             quote = ch
             out.append(ch)
         elif ch == "?":
-            out.append("%s")
+            out.append("(SELECT seq FROM h)" if place in drawn else "%s")
+            place += 1
         elif ch == "%":
             out.append("%%")
         else:

@@ -309,37 +309,7 @@ class SQLiteLedger:
         Raises ForeignEventError, appending nothing, when events after this
         ledger's known head break the chain or lack a valid MAC.
         """
-        if self.readonly or self._key is None:
-            raise RecordRefused(f"the ledger at {self.path} was opened read-only",
-                                code="record_readonly")
-        key = self._key
-        text, field = _serialise(kind, body)
-        with self._lock:
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                row = conn.execute("SELECT seq, hash FROM events ORDER BY seq DESC "
-                                   "LIMIT 1").fetchone()
-                tail = None if row is None else Head(row["seq"], row["hash"])
-                if tail != self._known:
-                    self._accept_others(conn, key, tail)
-                seq, prev = (1, GENESIS) if tail is None else (tail.seq + 1, tail.hash)
-                ts = time.time()
-                digest = event_hash(prev, seq, session, ts, kind, text)
-                conn.execute(
-                    f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
-                    (seq, session, ts, kind, text, prev, digest, event_mac(key, digest)),
-                )
-                project(conn, seq, session, ts, kind, body, text, field)
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise RecordError(f"cannot append {kind} to the ledger: {exc}") from exc
-                raise
-            self._known = Head(seq, digest)
-        return Event(seq, session, ts, kind, body, prev, digest)
+        return self.append_many(session, [(kind, body)])[0]
 
     def append_many(self, session: str, events: Sequence[tuple[str, dict[str, Any]]]
                     ) -> list[Event]:
