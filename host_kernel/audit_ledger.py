@@ -25,7 +25,7 @@ what is wrong with it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -254,8 +254,17 @@ def _check_chains(ledger: Any, audits: dict[str, SessionAudit], rows: Sequence[t
     if stray or not doubtful <= audits.keys():
         _check_chains_exactly(ledger, audits, whole, key, progress)
         return
+    _judge_chains(ledger, audits, key, progress, lambda session: session_chain_problems(
+        ledger, session, key) if session in doubtful else [])
+
+
+def _judge_chains(ledger: Any, audits: dict[str, SessionAudit], key: bytes | None,
+                  progress: Progress, problems_of: Callable[[str], list[ChainProblem]]
+                  ) -> None:
+    """Each session's verdict on its chain: its findings (nothing more is checked of it),
+    or all its events verified."""
     for i, (session, audit) in enumerate(audits.items(), 1):
-        problems = session_chain_problems(ledger, session, key) if session in doubtful else []
+        problems = problems_of(session)
         if problems:
             _chain_findings(ledger, audit, problems, key)
             audit.checked = True  # nothing more is checked of it: its verdict is in
@@ -277,14 +286,8 @@ def _check_chains_exactly(ledger: Any, audits: dict[str, SessionAudit], whole: b
             for a in audits.values():
                 a.events_verified = a.events
             return
-    for i, (session, audit) in enumerate(audits.items(), 1):
-        problems = session_chain_problems(ledger, session, key)
-        if problems:
-            _chain_findings(ledger, audit, problems, key)
-            audit.checked = True  # nothing more is checked of it: its verdict is in
-        else:
-            audit.events_verified = audit.events
-        progress("sessions", i, len(audits))
+    _judge_chains(ledger, audits, key, progress,
+                  lambda session: session_chain_problems(ledger, session, key))
     if everywhere and not any(a.findings for a in audits.values()):
         raise RecordRefused(f"the ledger's chains break outside any session it names "
                             f"({everywhere[0]}); the events table was altered",
