@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 from _helpers import run_ok
@@ -51,3 +55,29 @@ def finished(host: Host, obs: Observation) -> dict[str, Any]:
     found = [b for b in events(host, "cell_finished") if b["cell_id"] == obs.cell_id]
     assert len(found) == 1, found
     return found[0]
+
+
+def filtered_python(code: str, cwd: Path) -> tuple[int, int, int]:
+    """Fork a child that installs the tracing filter, hands its listener over and execs
+    ``python -I -S -c code`` in ``cwd`` (nothing watched in between); ``(pid, listener,
+    stdout's read end)``."""
+    from host_kernel.sandbox import trace
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(cwd)
+            listener = trace.install_filter()
+            socket.send_fds(theirs, [b"x"], [listener])
+            os.close(listener)
+            os.dup2(out_w, 1)
+            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", code])
+        finally:
+            os._exit(127)
+    os.close(out_w)
+    theirs.close()
+    _, fds, _, _ = socket.recv_fds(ours, 10, 1)
+    ours.close()
+    return pid, fds[0], out_r

@@ -15,15 +15,13 @@ import hashlib
 import json
 import os
 import select
-import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _helpers import run_ok
-from _tracing_helpers import finished
+from _tracing_helpers import filtered_python, finished
 
 from host_kernel import Host
 from host_kernel.audit import audit
@@ -210,28 +208,12 @@ def test_stamps_go_only_to_the_reads_they_were_taken_for() -> None:
 def _supervised(code: str, cwd: Path, compiled: bool = True) -> list[tuple[Any, ...]]:
     """Run ``python -c code`` under the filter, served by a Supervisor that stamps reads
     (through the compiled module when there is one, unless ``compiled`` is false)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.chdir(cwd)
-            listener = trace.install_filter()
-            socket.send_fds(theirs, [b"x"], [listener])
-            os.close(listener)
-            os.dup2(out_w, 1)
-            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", code])
-        finally:
-            os._exit(127)
-    os.close(out_w)
-    theirs.close()
-    _, fds, _, _ = socket.recv_fds(ours, 10, 1)
-    ours.close()
+    pid, listener, out_r = filtered_python(code, cwd)
     supervisor = trace.Supervisor([str(cwd)], stamp_reads=True, compiled=compiled)
-    supervisor.add(fds[0], 0)
+    supervisor.add(listener, 0)
     poller = select.poll()
     poller.register(out_r, select.POLLIN)
-    poller.register(fds[0], select.POLLIN)
+    poller.register(listener, select.POLLIN)
     while True:
         for fd, mask in poller.poll(10_000):
             if fd == out_r:

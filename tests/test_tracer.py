@@ -10,12 +10,11 @@ from __future__ import annotations
 import errno
 import os
 import select
-import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _tracing_helpers import filtered_python
 
 from host_kernel.sandbox import trace
 
@@ -30,31 +29,15 @@ def _traced_run(code: str, cwd: Path, roots: list[str], *, limit: int = 200_000,
     """Run ``python -c code`` in ``cwd`` under the filter; (accesses, dropped, stdout).
     With ``before``, the before-states recorded (for a ``source`` other than 0) are
     appended to it."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    out_r, out_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: filter, hand over, exec (nothing watched in between)
-        try:
-            os.chdir(cwd)
-            listener = trace.install_filter()
-            socket.send_fds(theirs, [b"x"], [listener])
-            os.close(listener)
-            os.dup2(out_w, 1)
-            os.execv(sys.executable, [sys.executable, "-I", "-S", "-c", code])
-        finally:
-            os._exit(127)
-    os.close(out_w)
-    theirs.close()
-    _, fds, _, _ = socket.recv_fds(ours, 10, 1)
-    ours.close()
+    pid, listener, out_r = filtered_python(code, cwd)
     supervisor = trace.Supervisor(roots, limit=limit)
-    supervisor.add(fds[0], source)
+    supervisor.add(listener, source)
     if not serve:
         supervisor.close()  # nobody answers: every watched call must fail, not run unseen
     poller = select.poll()
     poller.register(out_r, select.POLLIN)
     if serve:
-        poller.register(fds[0], select.POLLIN)
+        poller.register(listener, select.POLLIN)
     out = b""
     while True:
         for fd, mask in poller.poll(10_000):
