@@ -22,6 +22,11 @@ from host_kernel import Host
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite's Hosts start cold or from pools the tests make: none reaches for the user's
+# kernel factory, nor starts one that would outlive the run. tests/test_factory.py
+# serves a factory of its own, in a folder of its own, and turns it back on there.
+os.environ["HOST_KERNEL_FACTORY"] = "off"
+
 #: Every HTTP request of the suite goes to a server on 127.0.0.1 that the test started.
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 

@@ -37,16 +37,35 @@ def early_kernel(workdir: Path) -> HostPool | None:
     narrows it to the session's ruleset before anything of the session runs, exactly
     as a pool's standby (docs/security.md, "Warm starts"). A session the standby cannot
     serve starts cold and its record says why. ``HOST_KERNEL_WARM=off`` turns it off.
+
+    When the user's kernel factory is running, none of this: the Host takes its kernel
+    from the factory. When it is not, it is started now, for the sessions after this
+    one (a restart through the kernelspec is the next).
     """
     if os.environ.get(WARM_ENV, "").lower() in ("off", "0", "no", "false"):
         return None
+    from ..factory import Place, disabled
+
+    factory = None if disabled() else Place()
+    if factory is not None and factory.socket.exists():
+        return None  # the user's kernel factory serves the Host (host_kernel/factory)
     from .._errors import HostKernelError
     from ..host._pool import HostPool
 
     try:
-        return HostPool(size=1, roots=[workdir], refill=False).start()
+        pool = HostPool(size=1, roots=[workdir], refill=False).start()
     except (HostKernelError, OSError):
-        return None  # the Host starts its kernel cold, as without a pool
+        pool = None  # the Host starts its kernel cold, as without a pool
+    if factory is not None:
+        from ..factory._client import spawn
+        from ..factory._place import FactoryUnavailable
+
+        try:  # for the sessions after this one (a restart is the next)
+            factory.ensure()
+            spawn(factory)
+        except (FactoryUnavailable, OSError):
+            pass  # those start as this one does
+    return pool
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfinementError, KernelError
 from .._ids import mint_token
@@ -29,9 +29,12 @@ from ..sandbox.policy import Policy, uncovered
 from ..sandbox.trace import unavailable as trace_unavailable
 from ._kernel import KernelGeneration, close_thread_loop, kernel_env, short_tempdir
 from ._options import HostOptions
-from ._pool import Standby
+from ._pool import HostPool, Standby
 from ._trace import TraceLog
 from ._workspace import Workspace
+
+if TYPE_CHECKING:
+    from ..factory._client import FactoryPool
 
 __all__ = ["KERNEL_SET_ENV", "PRIVATE_DIRS", "Generations"]
 
@@ -89,6 +92,10 @@ class Generations:
         self._standby: Standby | None = None
         #: Why the pool did not serve this session (recorded with the first generation).
         self._pool_miss: str | None = None
+        #: Where a warm kernel was sought ({"pool": id, "factory": bool}); None: nowhere.
+        self._warm: dict[str, Any] | None = None
+        #: The user's kernel factory, while this session holds its lease.
+        self._factory: FactoryPool | None = None
         self.spare_kernel: KernelGeneration | None = None
         self._spare_thread: threading.Thread | None = None
         self._spare_lock = threading.Lock()
@@ -195,21 +202,39 @@ class Generations:
     # ------------------------------------------------------------------ the pool
 
     def _take_standby(self, confinement: Confinement) -> None:
-        """A standby kernel from the pool, when it can serve this session; else why not."""
-        pool = self.options.pool
+        """A standby kernel from the pool (the Host's own, else the user's kernel factory),
+        when it can serve this session; else why not."""
+        pool: HostPool | FactoryPool | None = self.options.pool
         if pool is None:
-            return
-        why = pool.refusal(confined=confinement.active,
-                           traced=confinement.active and self.options.trace
-                           and trace_unavailable() is None, hidden=self.options.hidden_env,
-                           limits=self.options.kernel_limits)
-        if why is None:
-            self._standby = pool.take(wait=self.options.startup_timeout)
-            if self._standby is None:
-                why = "no standby kernel was waiting"
-            else:
-                self._owned_dirs.append(self._standby.folder)
+            from ..factory import disabled
+
+            if not (self.options.factory and confinement.active) or disabled():
+                return
+            from ..factory._client import FactoryPool
+
+            self._factory, why = FactoryPool.reach()
+            if self._factory is None:
+                self._warm = {"pool": None, "factory": True}
+                self._pool_miss = why
+                return
+            pool = self._factory
+        self._warm = {"pool": pool.id, "factory": pool is self._factory}
+        self._standby, why = pool.serve(
+            workspace=str(self.workdir), confined=confinement.active,
+            traced=confinement.active and self.options.trace and trace_unavailable() is None,
+            hidden=self.options.hidden_env, limits=self.options.kernel_limits,
+            wait=self.options.startup_timeout)
+        if self._standby is not None:
+            self._owned_dirs.append(self._standby.folder)
         self._pool_miss = why
+        if self._standby is None:
+            self._end_lease()
+
+    def _end_lease(self) -> None:
+        """Tell the factory this session needs nothing more of it (it may exit when idle)."""
+        factory, self._factory = self._factory, None
+        if factory is not None:
+            factory.close()
 
     def _release_standby(self, why: str) -> None:
         """The standby cannot serve this session after all: stop it and start cold.
@@ -272,9 +297,8 @@ class Generations:
             self._learn(hello, isolation)
         else:
             body["confinement"] = {"status": "none"}
-        pool = self.options.pool
-        if pool is not None and generation == self.prior + 1 and "warm" not in body:
-            body["warm"] = {"pool": pool.id, "used": False, "reason": self._pool_miss}
+        if self._warm is not None and generation == self.prior + 1 and "warm" not in body:
+            body["warm"] = {**self._warm, "used": False, "reason": self._pool_miss}
         self._append("generation_started", body)
         if self.options.spare:
             self._start_spare(generation + 1)
@@ -349,8 +373,8 @@ class Generations:
 
     def _adopt_standby(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
         """The pool's standby, narrowed to this session; None (and why, recorded) if not."""
-        standby, pool = self._standby, self.options.pool
-        if standby is None or pool is None:
+        standby, warm = self._standby, self._warm
+        if standby is None or warm is None:
             return None
         token, env, policy, roots = self._parts(generation, standby.folder)
         if (policy is None) != (standby.sandbox is None):
@@ -386,7 +410,7 @@ class Generations:
                 os.close(ruleset)
         os.close(standby.orders_fd)  # read by now: nothing more goes down that socket
         standby.orders_fd = -1
-        body["warm"] = {"pool": pool.id, "used": True, "standby_started": standby.started,
+        body["warm"] = {**warm, "used": True, "standby_started": standby.started,
                         "handed_out": handed_out, "ready": was_ready,
                         "pool_writable": [] if standby.broad is None
                         else list(standby.broad.writable)}
@@ -491,6 +515,7 @@ class Generations:
         for folder in self._owned_dirs:
             shutil.rmtree(folder, ignore_errors=True)
         self._owned_dirs.clear()
+        self._end_lease()
 
     def remove_runtime(self) -> None:
         """Remove the runtime folder (after the call server that lives in it stopped)."""

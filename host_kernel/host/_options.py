@@ -99,6 +99,9 @@ class HostOptions:
     trace: bool = True
     #: Where the first kernel comes from when it is warm (host/_pool.py).
     pool: HostPool | None = None
+    #: With no ``pool``, take the first kernel from the user's kernel factory (started on
+    #: first use; host_kernel/factory); False, or ``HOST_KERNEL_FACTORY=off``: never.
+    factory: bool = True
     #: Keep the next generation's kernel started, so a restart is a swap.
     spare: bool = False
     #: The id of a session of this record to take up again instead of starting one.
@@ -191,6 +194,8 @@ class HostOptions:
             raise BadArguments("trace must be True or False")
         if self.pool is not None and not isinstance(self.pool, HostPool):
             raise BadArguments("pool must be a HostPool or None")
+        if not isinstance(self.factory, bool):
+            raise BadArguments("factory must be True or False")
         if not isinstance(self.spare, bool):
             raise BadArguments("spare must be True or False")
         if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):

@@ -224,6 +224,11 @@ class HostPool:
                 out.append(int(proc.pid))
         return out
 
+    def folders(self) -> list[str]:
+        """The folders of the standbys waiting now (for tests and tools)."""
+        with self._cond:
+            return [str(s.folder) for s in self._idle]
+
     # ------------------------------------------------------------------ handing out
 
     def refusal(self, *, confined: bool, traced: bool, hidden: frozenset[str],
@@ -247,6 +252,16 @@ class HostPool:
             return (f"the pool's kernels started with {', '.join(secret)} in their environment, "
                     f"which this session hides")
         return None
+
+    def serve(self, *, workspace: str, confined: bool, traced: bool, hidden: frozenset[str],
+              limits: KernelLimits | None, wait: float) -> tuple[Standby | None, str | None]:
+        """A standby for a session like this (``workspace``: checked by the Host against
+        the standby's domain when it adopts it), or None and why not."""
+        why = self.refusal(confined=confined, traced=traced, hidden=hidden, limits=limits)
+        if why is not None:
+            return None, why
+        standby = self.take(wait=wait)
+        return (standby, None) if standby is not None else (None, "no standby kernel was waiting")
 
     def take(self, wait: float = 0.0) -> Standby | None:
         """The oldest live standby, ready ones first; None when none is waiting.

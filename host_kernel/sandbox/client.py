@@ -212,6 +212,7 @@ class Sandbox:
         self._trace_lock = threading.Lock()
         #: Shared with init: how many accesses it has seen (trace.py's Supervisor.bump).
         self._counter: mmap.mmap | None = None
+        self._counter_fd = -1
         self._collected = 0
         #: Why collecting failed once (every later collection fails the same way).
         self._trace_broken: str | None = None
@@ -221,13 +222,15 @@ class Sandbox:
             # Where confined code could plant a symlink leading into the roots.
             setup["trace_resolve"] = _resolve_for(policy, trace_roots)
             counter_fd = os.memfd_create("host-kernel-trace", os.MFD_CLOEXEC)
+            # Kept open: a standby's sandbox is handed to another process with it
+            # (host_kernel/factory), which maps the same counter.
+            self._counter_fd = counter_fd
             try:
                 os.ftruncate(counter_fd, 8)
                 self._counter = mmap.mmap(counter_fd, 8)
                 socket.send_fds(self._host_end, [marshal.dumps(setup)],
                                 [theirs.fileno(), counter_fd])
             finally:
-                os.close(counter_fd)
                 theirs.close()
         else:
             self._host_end.send(marshal.dumps(setup))
@@ -484,6 +487,79 @@ class Sandbox:
             self._connect_outbound()
         return ruleset
 
+    # ------------------------------------------------------------------ another process's
+
+    def handover(self) -> tuple[dict[str, Any], list[int]]:
+        """A started standby sandbox as another process takes it (host_kernel/factory):
+        its state, and the descriptors it lives by (init's socket, the tracer's socket and
+        counter). The caller sends both, then :meth:`forget` s its own copies."""
+        if not self.standby or self._init_end.fileno() >= 0:
+            raise SandboxError("only a started standby sandbox is handed over")
+        fds = [self._host_end.fileno()]
+        if self._trace is not None:
+            fds += [self._trace.fileno(), self._counter_fd]
+        state = {"policy": self.policy.to_dict(), "abi": self.abi, "hello": self.hello,
+                 "no_netns": self._no_netns, "no_view": self._no_view,
+                 "limits": None if self.limits is None else self.limits.to_dict(),
+                 "cgroups": None if self.cgroups is None
+                 else {"folders": self.cgroups.folders, "why": self.cgroups.why},
+                 "traced": self._trace is not None}
+        return state, fds
+
+    def forget(self) -> None:
+        """Close this process's copies of a handed-over sandbox's descriptors, leaving its
+        processes and cgroups alone (they are the taker's now)."""
+        self._host_end.close()
+        self._close_trace()
+        self.cgroups = None
+
+    def _close_trace(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+        if self._counter is not None:
+            self._counter.close()
+            self._counter = None
+        if self._counter_fd >= 0:
+            os.close(self._counter_fd)
+            self._counter_fd = -1
+
+    @classmethod
+    def adopted(cls, state: dict[str, Any], fds: Sequence[int]) -> Sandbox:
+        """The sandbox :meth:`handover` described, in this process, owning ``fds``."""
+        self = cls.__new__(cls)
+        self.policy = Policy.from_dict(state["policy"])
+        self.abi = int(state["abi"])
+        self.standby = True
+        self._host_end = socket.socket(fileno=fds[0])
+        self._init_end = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._init_end.close()  # init's end went to init long ago
+        self._no_netns = state["no_netns"]
+        self._no_view = state["no_view"]
+        self._wants_outbound = self._no_netns is None and self.policy.network
+        self.outbound = None
+        self._outbound_error = None
+        limits = state["limits"]
+        self.limits = None if limits is None else KernelLimits(**limits)
+        self.cgroups = None
+        if self.limits is not None and state["cgroups"] is not None:
+            self.cgroups = Cgroups.adopted(self.limits, state["cgroups"]["folders"],
+                                           state["cgroups"]["why"])
+        self._limit = None
+        self._trace = None
+        self._trace_lock = threading.Lock()
+        self._counter = None
+        self._counter_fd = -1
+        self._collected = 0
+        self._trace_broken = None
+        if state["traced"]:
+            self._trace = socket.socket(fileno=fds[1])
+            self._counter_fd = fds[2]
+            self._counter = mmap.mmap(self._counter_fd, 8)
+        self.hello = dict(state["hello"])
+        self._offered = None
+        self._offer_lock = threading.Lock()
+        return self
+
     def signal(self, pid: int, sig: int) -> None:
         try:
             self._host_end.send(marshal.dumps({"op": "kill", "pid": pid, "sig": int(sig)}))
@@ -504,11 +580,7 @@ class Sandbox:
         except OSError:
             pass
         self._host_end.close()
-        if self._trace is not None:
-            self._trace.close()
-        if self._counter is not None:
-            self._counter.close()
-            self._counter = None
+        self._close_trace()
         with self._offer_lock:
             if self._offered is not None:
                 self._offered[1].close()

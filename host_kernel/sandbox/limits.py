@@ -248,6 +248,16 @@ class Cgroups:
                 continue
             self.folders[controller] = (folder, v2)
 
+    @classmethod
+    def adopted(cls, limits: KernelLimits, folders: dict[str, Any],
+                why: dict[str, str]) -> Cgroups:
+        """The cgroups another process made for a sandbox handed to this one."""
+        self = cls.__new__(cls)
+        self.limits = limits
+        self.folders = {c: (str(f[0]), bool(f[1])) for c, f in folders.items()}
+        self.why = dict(why)
+        return self
+
     def _limit(self, controller: str, folder: str, v2: bool) -> None:
         if controller == "pids":
             _write(os.path.join(folder, "pids.max"), str(self.limits.processes))

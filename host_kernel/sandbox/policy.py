@@ -30,7 +30,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["Policy", "hidden_paths", "readable_roots", "uncovered", "view_of"]
@@ -158,6 +158,17 @@ class Policy:
         session's ruleset is stacked on top before the kernel runs anything of the session's.
         """
         return cls.for_session(folder, folder, (), network=network, extra_write=roots)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Its fields, as JSON carries them (:meth:`from_dict` reads them back)."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Policy:
+        values: dict[str, Any] = {f.name: tuple(data[f.name]) if isinstance(data[f.name], list)
+                                  else data[f.name] for f in fields(cls)}
+        return cls(**values)
 
     def with_generation(self, folder: str | os.PathLike[str],
                         connection_file: str | os.PathLike[str]) -> Policy:

@@ -1,0 +1,140 @@
+"""Where the kernel factory lives, and whether it is wanted: its folder, its socket, its
+settings read from the environment.
+
+Owns the factory's folder (the user's runtime folder, else a folder of the user's own
+beneath /tmp; a folder another user could have made or could enter is refused), the
+names of the files in it (keyed by the interpreter and installation, so two
+installations never share a factory), and the ``HOST_KERNEL_FACTORY*`` variables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from .._errors import HostKernelError
+from .._version import __version__
+
+__all__ = ["FactoryUnavailable", "Place", "disabled", "idle_seconds", "size"]
+
+#: ``off`` (or 0, no, false): never use a kernel factory, never start one.
+FACTORY_ENV = "HOST_KERNEL_FACTORY"
+#: The folder the factory's socket, lock and log live in (default: see :func:`folder`).
+DIR_ENV = "HOST_KERNEL_FACTORY_DIR"
+#: Seconds the factory waits with no session attached before it exits (default 300).
+IDLE_ENV = "HOST_KERNEL_FACTORY_IDLE"
+#: How many standby kernels the factory keeps started (default 2).
+SIZE_ENV = "HOST_KERNEL_FACTORY_SIZE"
+
+DEFAULT_IDLE = 300.0
+DEFAULT_SIZE = 2
+#: This installation's package folder: a factory serves only Hosts of the same one.
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class FactoryUnavailable(HostKernelError):
+    """The factory cannot be used here (its folder is unsafe, or it is turned off)."""
+
+
+def disabled() -> str | None:
+    """Why the factory is not to be used, from the environment; None when it is."""
+    value = os.environ.get(FACTORY_ENV, "").strip().lower()
+    if value in ("off", "0", "no", "false"):
+        return f"{FACTORY_ENV}={os.environ[FACTORY_ENV]} turns the kernel factory off"
+    return None
+
+
+def idle_seconds() -> float:
+    try:
+        return max(0.0, float(os.environ.get(IDLE_ENV, DEFAULT_IDLE)))
+    except ValueError:
+        return DEFAULT_IDLE
+
+
+def size() -> int:
+    try:
+        return max(1, int(os.environ.get(SIZE_ENV, DEFAULT_SIZE)))
+    except ValueError:
+        return DEFAULT_SIZE
+
+
+def identity() -> dict[str, str]:
+    """What a Host and its factory must share: the interpreter, the installation and its
+    code as it is now (an edited or upgraded package is another factory's: a standby
+    started from older code would run it)."""
+    return {"python": sys.executable, "root": ROOT, "version": __version__,
+            "code": _fingerprint()}
+
+
+def _fingerprint() -> str:
+    """The package's files' names, sizes and change times, hashed (about a millisecond)."""
+    digest = hashlib.sha256()
+    top = os.path.join(ROOT, "host_kernel")
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                try:
+                    st = os.stat(os.path.join(folder, name))
+                except OSError:
+                    continue
+                digest.update(f"{folder}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    spec = importlib.util.find_spec("_host_kernel_notify")  # the compiled tracer, top level
+    if spec is not None and spec.origin:
+        try:
+            st = os.stat(spec.origin)
+            digest.update(f"{spec.origin}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        except OSError:
+            pass
+    return digest.hexdigest()[:16]
+
+
+class Place:
+    """The factory's folder and the paths in it, for this user and installation."""
+
+    def __init__(self, folder: Path | None = None) -> None:
+        self.folder = folder if folder is not None else default_folder()
+        ident = identity()
+        key = hashlib.sha256("\0".join(ident.values()).encode()).hexdigest()[:12]
+        self.socket = self.folder / f"factory-{key}.sock"
+        self.lock = self.folder / f"factory-{key}.lock"
+        self.log = self.folder / f"factory-{key}.log"
+
+    def ensure(self) -> None:
+        """Make the folder (mode 0700) if missing, and check it is this user's alone: a
+        folder someone else owns or may enter could hold a socket they serve."""
+        try:
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(self.folder)
+        except OSError as exc:
+            raise FactoryUnavailable(f"cannot make the factory's folder {self.folder}: "
+                                     f"{exc.strerror}") from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise FactoryUnavailable(f"{self.folder} is not a folder (a symlink?)")
+        if st.st_uid != os.getuid():
+            raise FactoryUnavailable(f"{self.folder} belongs to another user")
+        if st.st_mode & 0o077:
+            raise FactoryUnavailable(f"{self.folder} may be entered by other users "
+                                     f"(mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def default_folder() -> Path:
+    """``$HOST_KERNEL_FACTORY_DIR``, else ``$XDG_RUNTIME_DIR/host-kernel``, else
+    ``/tmp/host-kernel-<uid>``. Every one of these lies beneath a folder the sandbox's
+    private view covers (the user's runtime folder, the temp root), so no confined
+    kernel sees the socket (host_kernel/sandbox/policy.py ``view_of``)."""
+    given = os.environ.get(DIR_ENV)
+    if given:
+        return Path(given)
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        return Path(runtime) / "host-kernel"
+    base = tempfile.gettempdir()
+    if len(base) > 64:  # a socket path must fit in 107 bytes
+        base = "/tmp"
+    return Path(base) / f"host-kernel-{os.getuid()}"
