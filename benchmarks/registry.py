@@ -19,6 +19,7 @@ from benchmarks.bash_scale import BASH_SCALE
 from benchmarks.batch import BATCH
 from benchmarks.cells import CELLS
 from benchmarks.derive import DERIVE
+from benchmarks.factory import FACTORY
 from benchmarks.judge import JUDGE
 from benchmarks.keep import KEEP
 from benchmarks.ledger import LEDGER
@@ -81,7 +82,7 @@ def _fill() -> None:
               baseline=RELAY_BASELINE)(bench_relay_roundtrip)
     benchmark("control_restart", target=1.0, ours=RESTART_OURS,
               baseline=BASELINE)(bench_control_restart)
-    for name, target, ours, baseline, run in POOL:
+    for name, target, ours, baseline, run in (*POOL, *FACTORY):
         benchmark(name, target=target, ours=ours, baseline=baseline)(run)
     for name, target, ours, baseline, run in (*TRACING, *BASH_SCALE, *VIEWER, *AGENT,
                                               *LEDGER, *BATCH):
