@@ -21,7 +21,7 @@ from ..host._kernel import pinned
 from ..host._pool import Standby
 from ..sandbox.limits import KernelLimits
 from ._adopt import adopt
-from ._place import FACTORY_ENV, FactoryUnavailable, Place, disabled, identity
+from ._place import FACTORY_ENV, FactoryUnavailable, Place, disabled
 
 __all__ = ["FactoryPool"]
 
@@ -82,7 +82,7 @@ class FactoryPool:
         if not hello.get("ok"):
             sock.close()
             return None, f"the kernel factory refused this process: {hello.get('reason')}"
-        mine = identity()
+        mine = place.identity
         other = [k for k in mine if hello.get(k) != mine[k]]
         if other:
             sock.close()

@@ -99,7 +99,8 @@ class Place:
 
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = folder if folder is not None else default_folder()
-        ident = identity()
+        #: This process's installation, as its factory must match it.
+        self.identity = ident = identity()
         key = hashlib.sha256("\0".join(ident.values()).encode()).hexdigest()[:12]
         self.socket = self.folder / f"factory-{key}.sock"
         self.lock = self.folder / f"factory-{key}.lock"
