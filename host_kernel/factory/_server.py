@@ -62,9 +62,9 @@ def peer_refusal(conn: socket.socket) -> str | None:
     """Why the process at the other end of ``conn`` may not use the factory, or None.
 
     Same user; same mount and PID namespaces as the factory (a sandboxed kernel has its
-    own); and, when the factory itself runs without no_new_privs, the peer too (every
-    Landlock-confined process has it set). The pid is pinned by a pidfd taken before the
-    checks and found alive after them, so a pid recycled in between cannot pass.
+    own); and no no_new_privs (every Landlock-confined process has it set, so a Host that
+    runs with it set is refused too, and starts cold). The pid is pinned by a pidfd taken
+    before the checks and found alive after them, so a pid recycled in between cannot pass.
     """
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                          struct.calcsize("3i")))
@@ -79,8 +79,10 @@ def peer_refusal(conn: socket.socket) -> str | None:
         for name in ("mnt", "pid"):
             if _ns(pid, name) != _ns("self", name):
                 return f"the peer runs in another {name} namespace (a sandbox)"
-        if _no_new_privs("self") == "0" and _no_new_privs(pid) != "0":
-            return "the peer runs with no_new_privs (a confined process)"
+        if _no_new_privs(pid) != "0":
+            # Every Landlock-confined process has it; where kernels share the factory's
+            # namespaces (no private view), this is what tells one from a Host.
+            return "the peer runs with no_new_privs (as every confined process does)"
         if pidfd >= 0:
             signal.pidfd_send_signal(pidfd, 0)
     except OSError as exc:
@@ -179,6 +181,10 @@ class Factory:
                 why = peer_refusal(conn)
                 if why is not None:
                     self._log(f"refused a connection: {why}")
+                    # Its first request is read (and ignored) first: closing with it unread
+                    # would reset the connection before the peer reads why.
+                    conn.settimeout(1.0)
+                    conn.recv(MAX_MESSAGE)
                     conn.send(json.dumps({"ok": False, "reason": why}).encode())
                     return
                 took = False
