@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ from _tracing_helpers import finished
 from host_kernel import Host
 from host_kernel._errors import BadArguments
 from host_kernel.audit import audit
+from host_kernel.host import _workspace
 from host_kernel.host._keep import InputKeeper, store_file
 from host_kernel.host._options import HostOptions
-from host_kernel.host._workspace import HashCache, Workspace, cached_sha256
+from host_kernel.host._workspace import SETTLED_NS, HashCache, Workspace, cached_sha256
 from host_kernel.store.blobs import FileBlobStore
 
 
@@ -205,15 +207,35 @@ def _keeper(root: Path, budget: int = 2**30) -> tuple[InputKeeper, FileBlobStore
     return InputKeeper(Workspace(ws, root / "record"), cache, budget, lambda: store), store, cache
 
 
-def test_bytes_changed_between_the_copy_and_lineages_hash_are_not_claimed(tmp_path: Path
-                                                                          ) -> None:
+def settle(path: Path) -> None:
+    """Wait until ``path`` has settled (host/_workspace.py, ``settled``): a hash of it
+    taken from now on is cached."""
+    left = path.stat().st_ctime_ns + SETTLED_NS + 5_000_000 - time.time_ns()
+    if left > 0:
+        time.sleep(left / 1e9)
+
+
+@pytest.mark.parametrize("settled", [True, False], ids=["cached", "too_fresh_to_cache"])
+def test_bytes_changed_between_the_copy_and_lineages_hash_are_not_claimed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settled: bool) -> None:
+    if not settled:  # fresh for the whole test, however slowly it runs
+        monkeypatch.setattr(_workspace, "SETTLED_NS", 3600 * 10**9)
     keeper, store, cache = _keeper(tmp_path)
     ws = keeper.workspace.root
     old, new = b"as copied\n", b"as lineage hashed it\n"
     (ws / "f.txt").write_bytes(old)
+    if settled:
+        settle(ws / "f.txt")
     copied = keeper.copy(["f.txt"])
+    assert ("f.txt" in cache) is settled
     (ws / "f.txt").write_bytes(new)  # after the copy, before lineage's hash
+    if settled:
+        settle(ws / "f.txt")
     assert cached_sha256(ws, "f.txt", cache) == sha(new)  # what lineage records
+    if settled:
+        assert cache["f.txt"][1] == sha(new)  # lineage's hash replaced the copy's
+    else:
+        assert "f.txt" not in cache  # neither hash was kept: the report hashes again
     found = keeper.report(copied).record(keeper.budget, keeper.used)
     assert found["kept"] == [["f.txt", sha(old), len(old)]]
     assert found["by_hash_only"] == [["f.txt", sha(new), len(new)]]
@@ -225,6 +247,7 @@ def test_the_copy_leaves_lineage_a_cached_hash_of_the_bytes_stored(tmp_path: Pat
     keeper, store, cache = _keeper(tmp_path)
     data = os.urandom(2 * 2**20 + 5)
     (keeper.workspace.root / "g.bin").write_bytes(data)
+    settle(keeper.workspace.root / "g.bin")  # a file fresher than that is not cached
     [copied] = keeper.copy(["g.bin"])
     assert copied.sha256 == sha(data) and cache["g.bin"][1] == sha(data)
     assert store.read(sha(data)) == data

@@ -22,16 +22,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from _helpers import run_ok
+from _pipeline import SUMMARY, TEST_CMD, submit
 
 from host_kernel import FileProblem, Host, PathRefused, StorageError
-from host_kernel.host._workspace import Workspace, cached_sha256, file_sha256, snapshot
+from host_kernel.host._workspace import (
+    SETTLED_NS,
+    Workspace,
+    cached_sha256,
+    file_sha256,
+    snapshot,
+)
 from host_kernel.modes import resolve_task_mode
 from host_kernel.store.blobs import FileBlobStore, open_beneath, open_regular
 from host_kernel.store.ledger import SQLiteLedger
 from host_kernel.verify import LiveFiles, RecordView, Submission, verify
-
-from _helpers import run_ok
-from _pipeline import SUMMARY, TEST_CMD, submit
 
 #: What "at once" means here; the watchdog allows more before it calls the test hung.
 PROMPT = 2.0
@@ -284,6 +289,7 @@ def test_hash_helpers_give_none_for_special_files_without_blocking(specials: Pat
     assert file_sha256(specials / "link") == digest  # an executable on PATH is often a link
     assert file_sha256(specials / "link", follow_symlinks=False) is None
     cache: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+    time.sleep(SETTLED_NS / 1e9)  # cached once it has settled (host/_workspace.py settled)
     assert cached_sha256(specials, "file", cache) == digest and "file" in cache
     assert cached_sha256(specials, "fifo", cache) is None
     assert cached_sha256(specials, "/dev/zero", cache) is None  # outside the root

@@ -12,7 +12,8 @@ record says so.
 The copy runs **before** lineage hashes the reads and leaves its hash in the
 session's :data:`~host_kernel.host._workspace.HashCache` under the rule of
 :func:`~host_kernel.host._workspace.cached_sha256` (cached only when the file's
-stat key did not change while it was copied), so lineage names the bytes stored
+stat key did not change while it was copied and the file had settled before it,
+:func:`~host_kernel.host._workspace.settled`), so lineage names the bytes stored
 and each kept file is read and hashed once per content. A traced read whose
 stamp (the stat key the tracer saw at its open,
 :class:`~host_kernel.host._workspace.OpenStamps`) is the key of a cached hash
@@ -48,7 +49,7 @@ from typing import Any
 
 from .._errors import HostCallError, PathRefused
 from ..store.blobs import CHUNK, BlobRef, FileBlobStore, open_beneath
-from ._workspace import FileStat, HashCache, Workspace, cached_sha256, stat_key
+from ._workspace import FileStat, HashCache, Workspace, cached_hash, settled, stat_key
 
 __all__ = ["DEFAULT_INPUT_BUDGET", "Copied", "InputKeeper", "KeptInputs", "store_file"]
 
@@ -73,8 +74,9 @@ class Copied:
     #: Why the store refused the bytes (a full disk), when it did.
     error: str | None = None
     #: The hash cache's entry for the path after the copy pass (the one it made, or the
-    #: one it found kept): while lineage leaves that very entry in place, lineage's sha
-    #: is its sha, and the report need not look at the file again.
+    #: one it found kept; None when the file had not settled, and nothing was cached):
+    #: while lineage leaves that very entry in place, lineage's sha is its sha, and the
+    #: report need not look at the file again.
     entry: tuple[FileStat, str, int] | None = field(default=None, compare=False, repr=False)
 
 
@@ -473,8 +475,10 @@ class InputKeeper:
                 store = self._store()
                 ref = (store.put_bytes(src.read(size)) if size <= SMALL
                        else store_file(store, src, size))
-                if ref.size == size and stat_key(os.fstat(src.fileno())) == key:
-                    # As cached_sha256 would: the key held while these bytes were read.
+                if (ref.size == size and stat_key(os.fstat(src.fileno())) == key
+                        and settled(key[2], taken)):
+                    # As cached_sha256 would: the key held while these bytes were read,
+                    # and no rewrite in the clock tick of its change time can share it.
                     entry = self.cache[rel] = (key, ref.sha256, taken)
             except Exception as exc:  # noqa: BLE001 - a full disk: this input by hash only
                 return Copied(rel, None, size, f"{rel}: {exc}")
@@ -490,13 +494,14 @@ class InputKeeper:
                batch: _Batch) -> Copied:
         """A small file's bytes read, hashed and written to one of the batch's temp files;
         its reserved size is settled by :meth:`_settle`, after the batch is committed. The
-        cache gets the hash as :meth:`_copy_one` gives it."""
+        cache gets the hash as :meth:`_copy_one` gives it (same key, file settled)."""
         batch.reserved[rel] = key[0]
         try:
             data = src.read(key[0])
             sha = hashlib.sha256(data).hexdigest()
             entry = None
-            if len(data) == key[0] and stat_key(os.fstat(src.fileno())) == key:
+            if (len(data) == key[0] and stat_key(os.fstat(src.fileno())) == key
+                    and settled(key[2], taken)):
                 entry = self.cache[rel] = (key, sha, taken)
             with self._lock:
                 known = sha in self._stored
@@ -540,16 +545,15 @@ class InputKeeper:
             if c.sha256 is not None:
                 out.kept[(c.path, c.sha256)] = c.size
             now = self.cache.get(c.path)
-            sha = (now[1] if now is not None and now is c.entry
-                   else cached_sha256(self.workspace.root, c.path, self.cache))
-            if sha is None:
+            found = (now[:2] if now is not None and now is c.entry
+                     else cached_hash(self.workspace.root, c.path, self.cache))
+            if found is None:
                 continue  # gone, or no longer a regular file: lineage has no sha either
+            key, sha = found
             if sha in self._stored:
                 out.kept[(c.path, sha)] = self._stored[sha]
             else:
-                hit = self.cache.get(c.path)
-                out.by_hash_only[(c.path, sha)] = (hit[0][0] if hit is not None
-                                                   and hit[1] == sha else c.size)
+                out.by_hash_only[(c.path, sha)] = key[0]  # the size of the bytes hashed
         return out
 
     def keep(self, reads: Iterable[object]) -> KeptInputs:

@@ -29,7 +29,7 @@ from typing import Any
 from .._errors import HostCallError
 from ..lineage.flow import OBSERVED, RECEIPT, TRACED, FlowTracker, Source, file_key
 from ..lineage.statements import observe
-from ._workspace import HashCache, Workspace, cached_sha256, file_sha256
+from ._workspace import HashCache, Workspace, cached_hash, cached_sha256, file_sha256
 
 __all__ = ["CellIO", "SessionLineage", "read_source"]
 
@@ -165,13 +165,14 @@ class SessionLineage:
             if hit is not None and hit[0] == stamp and rel not in by_host:
                 found = hit[1]  # the open found the bytes hashed under its key
             else:
-                hashed = self._hash(rel)
+                hashed = cached_hash(self.workspace.root, rel, cache)
                 if hashed is None:
                     continue  # opened but gone, or a failed open
-                found = hashed
-                if stamp is not None and rel not in by_host and cache.get(
-                        rel, ((), "", 0))[:2] != (stamp, found):
+                key, found = hashed
+                if stamp is not None and rel not in by_host and key != stamp:
                     # Hashed under another key than the open's: changed since it was read.
+                    # (The key the bytes were hashed under, cached or not: a file too fresh
+                    # to be cached, host/_workspace.py ``settled``, is not a change.)
                     self.changed_after_read.add((file_key(rel), found, cell_id))
             direct = self._file_source(rel, found, method, cell_id)
             hashed_at.setdefault((direct.key, direct.sha256), when)

@@ -29,8 +29,9 @@ from pathlib import Path, PurePosixPath
 from .._errors import BadArguments, FileProblem, HostCallError, PathRefused, StorageError
 from ..store.blobs import open_beneath, open_regular
 
-__all__ = ["SKIPPED_FOLDERS", "OpenStamps", "Workspace", "WrittenFile", "birth_ns",
-           "cached_sha256", "changed_since", "file_sha256", "snapshot", "stat_key"]
+__all__ = ["SETTLED_NS", "SKIPPED_FOLDERS", "OpenStamps", "Workspace", "WrittenFile",
+           "birth_ns", "cached_hash", "cached_sha256", "changed_since", "file_sha256",
+           "settled", "snapshot", "stat_key"]
 
 MAX_PATH_CHARS = 4096
 
@@ -214,10 +215,32 @@ def file_sha256(path: Path, *, follow_symlinks: bool = True,
 
 #: (size, mtime_ns, ctime_ns, inode): what must all stay equal for a cached hash to hold.
 #: ctime cannot be set by a process (os.utime changes it too), so restoring a file's
-#: mtime after changing its bytes does not fool the cache.
+#: mtime after changing its bytes does not fool the cache, once the file has settled
+#: (:func:`settled`).
 FileStat = tuple[int, int, int, int]
 #: path → (its stat key, its sha256, the wall-clock ns just before that key was taken).
+#: Only a settled file's hash is put in (:func:`settled`).
 HashCache = dict[str, tuple[FileStat, str, int]]
+
+#: How long (ns) after a file's change time a stat key must have been taken for a hash
+#: under it to be remembered: the coarsest clock we expect a workspace's file system to
+#: stamp change times with (a jiffy of 1 to 10 ms, a 4 ms tick), with room to spare.
+#: A change time is read from that clock, so a rewrite in the same tick as the key's
+#: change time (same size, the modification time put back with ``os.utime``) leaves the
+#: key as it was; any change made after this long gets a change time of its own, which
+#: no process can set back, and the cached key no longer matches.
+SETTLED_NS = 50_000_000
+
+
+def settled(ctime_ns: int, taken_ns: int) -> bool:
+    """Whether a file whose change time was ``ctime_ns`` had settled by ``taken_ns`` (the
+    wall clock read *before* the stat that gave that change time): only then may a hash
+    taken under its key be remembered, since a later change moves the change time.
+
+    A hash of a file not settled is still good for the answer it was taken for; it is
+    just not cached (the next look hashes again). A change time in the future (a clock
+    stepped back, a remote file system) is not settled either."""
+    return taken_ns - ctime_ns >= SETTLED_NS
 
 
 #: Files up to this size are hashed from one read.
@@ -234,7 +257,12 @@ class OpenStamps:
     code that is handed those reads next (the input keeper, lineage).
 
     A stamp equal to the key a cached hash was taken under means the read found those
-    very bytes: that hash is the read's, and nothing is looked at.
+    very bytes: that hash is the read's, and nothing is looked at. A stamp is only ever
+    compared with a cached key, never put in the cache, and every cached key is settled
+    (:func:`settled`): the file held the hashed bytes under that key from the end of the
+    clock tick of its change time on. Only a read made within that tick (the stamp is a
+    stat init takes just before the open) may have found other bytes under the same key,
+    the in-tick limit docs/lineage.md states for every stamp.
     The stamps are handed over with the list of reads they were taken for, and
     :meth:`for_reads` gives them only to a caller holding that list's own items (the same
     objects, first, in order): a caller with other reads (the kernel's audit hook's, a
@@ -262,14 +290,26 @@ class OpenStamps:
 
 def cached_sha256(root: Path, rel: str, cache: HashCache,
                   known: FileStat | None = None) -> str | None:
-    """sha256 of a workspace file, re-hashed only when its stat key changed.
+    """sha256 of a workspace file, re-hashed only when its stat key changed
+    (:func:`cached_hash`, without the key)."""
+    found = cached_hash(root, rel, cache, known)
+    return None if found is None else found[1]
+
+
+def cached_hash(root: Path, rel: str, cache: HashCache,
+                known: FileStat | None = None) -> tuple[FileStat, str] | None:
+    """(the stat key, the sha256) of a workspace file, re-hashed only when its stat key
+    changed; None when it is missing, not a regular file, or leads out of ``root``.
 
     ``known`` is a stat key the caller just took (a snapshot's); when the cache
     holds a hash for exactly that key, nothing is opened. Otherwise the file is
     opened once, inside ``root`` with no symlink followed and never blocking
     (None for anything but a regular file inside ``root``), its key is taken
     from the open descriptor and the hash from the same descriptor's bytes; it
-    is cached only if the key did not change while it was read.
+    is cached only if the key did not change while it was read and the file had
+    settled before it (:func:`settled`). The key returned is the one the bytes
+    were hashed under (its size, theirs), cached or not; for a file that changed while
+    it was read, the key after (so it matches no stamp taken before the read).
     """
     hit = cache.get(rel)
     if hit is not None:
@@ -282,7 +322,7 @@ def cached_sha256(root: Path, rel: str, cache: HashCache,
             except OSError:
                 return None
         if hit[0] == known:
-            return hit[1]
+            return hit[0], hit[1]
     try:
         # Most paths have no symlink on their way: opened as named, with none followed.
         f = open_beneath(root, rel)
@@ -300,15 +340,17 @@ def cached_sha256(root: Path, rel: str, cache: HashCache,
             taken = time.time_ns()
             key = stat_key(os.fstat(f.fileno()))
             if hit is not None and hit[0] == key:
-                return hit[1]
+                return hit[0], hit[1]
             # A small file in one read (file_digest allocates a 256 KiB buffer per call).
             sha = (hashlib.sha256(f.read()).hexdigest() if key[0] <= _SMALL
                    else hashlib.file_digest(f, "sha256").hexdigest())
-            if stat_key(os.fstat(f.fileno())) == key:
+            after = stat_key(os.fstat(f.fileno()))
+            if after == key and settled(key[2], taken):
                 cache[rel] = (key, sha, taken)
         except OSError:
             return None
-    return sha
+    # Changed while it was read: the key after, which matches no stamp taken before.
+    return after, sha
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
