@@ -163,9 +163,13 @@ def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[s
     writes_of = _writes_of(pieces, writes)
     reads_of = _reads_of(pieces, read_paths, _sinks(pieces, writes_of, tracker.module_names()))
     last = len(pieces) - 1
+    every = [s for _, s in sources]
     for i, piece in enumerate(pieces):
+        # Each piece's reads are some of read_paths: as many means all of them.
+        mine = (every if len(reads_of[i]) == len(read_paths)
+                else [s for (p, s) in sources if p in reads_of[i]])
         tracker.observe_cell(
-            cell_id, piece.code, [s for (p, s) in sources if p in reads_of[i]],
+            cell_id, piece.code, mine,
             [w for w in writes if i in writes_of[w]],
             renames=renames if i == last else (), removes=removes if i == last else (),
             continues=i > 0, conditional=piece.conditional)
@@ -228,9 +232,16 @@ class _Matcher:
         query = pattern.replace(UNKNOWN, "*").removeprefix("./")
         if not any(c in query for c in "*?["):
             return self._named(query)
+        if not query.strip("*"):
+            return frozenset(self.paths)  # a run of anything: every path (a loop's target)
         whole = re.compile(fnmatch.translate(query))
         below = re.compile(fnmatch.translate("*/" + query))
-        return frozenset(p for p in self.paths if whole.match(p) or below.match(p))
+        # Whichever way it matches, a path holds the pattern's text before its first
+        # wildcard and ends with the text after its last: a cheap test first.
+        head = query[:min(query.find(c) % (len(query) + 1) for c in "*?[")]
+        tail = query[max(query.rfind(c) for c in "*?]") + 1:]
+        return frozenset(p for p in self.paths if head in p and p.endswith(tail)
+                         and (whole.match(p) or below.match(p)))
 
     def any_of(self, patterns: Iterable[str]) -> set[str]:
         found: set[str] = set()
