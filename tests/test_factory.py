@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,11 +36,25 @@ pytestmark = pytest.mark.skipif(
                               "factory serves confined sessions only, so nothing to show here")
 
 
+def _imported_beneath_temp() -> list[str]:
+    """Folders this process imports from beneath the temp root (pytest puts the tests'
+    folders on the path; in CI the checkout lies under /tmp), less the interpreter's.
+
+    A session's rules let its kernel read what its Host imports from; a factory serving
+    only ``roots`` would not grant those (the temp root is hidden), and the Host would
+    rightly start cold (``uncovered``). A factory with the default roots (home, temp)
+    grants them; these tests give narrow roots, so they add these."""
+    temp = ("/tmp/", tempfile.gettempdir().rstrip("/") + "/")
+    return [p for p in dict.fromkeys(sys.path) if p and os.path.isdir(p)
+            and p.startswith(temp) and not p.startswith(sys.prefix)]
+
+
 class Served:
     """A factory process this test started, and its folder."""
 
     def __init__(self, folder: Path, roots: list[Path], size: int = 1,
                  idle: float = 120.0) -> None:
+        roots = [*roots, *map(Path, _imported_beneath_temp())]
         self.place = Place(folder)
         self.proc = subprocess.Popen(
             [*pinned("host_kernel.factory._server"), "--foreground", "--folder", str(folder),

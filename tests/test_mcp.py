@@ -106,7 +106,8 @@ def test_an_mcp_client_lists_tools_runs_a_cell_and_a_command_and_submits(
         command="bash", args=["-c", f"set -o pipefail; {server} | tee {shlex.quote(str(wire))}"],
         # The suite's own state folder (tests/conftest.py): the server's record goes there,
         # not into the user's ~/.local/state.
-        env={"TMPDIR": tempfile.gettempdir(), "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"]},
+        env={"TMPDIR": tempfile.gettempdir(), "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],
+             "HOST_KERNEL_FACTORY": "off"},  # (the suite's: no factory outlives a test)
         cwd=str(workdir))
     with (tmp_path / "stderr.log").open("w") as errlog:
         seen = anyio.run(drive, params, errlog)
@@ -163,6 +164,7 @@ def test_an_mcp_session_can_keep_its_record_in_a_postgresql_ledger(
     params = StdioServerParameters(
         command=server[0], args=server[1:], cwd=str(workdir),
         env={"TMPDIR": tempfile.gettempdir(), "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],
+             "HOST_KERNEL_FACTORY": "off",
              "XDG_CONFIG_HOME": os.environ.get("XDG_CONFIG_HOME", ""),
              "HOME": os.environ["HOME"]})
     with (tmp_path / "stderr.log").open("w") as errlog:

@@ -598,5 +598,7 @@ def test_a_catastrophic_pattern_in_a_cell_is_refused_promptly(tmp_path: Path) ->
     assert len(cells) == 2, out
     for line, expect in zip(cells, ("['schema_too_costly']", "['output_schema']")):
         assert line.startswith("CELL ok") and expect in line, line
-        assert float(line.rsplit("SECONDS", 1)[1]) < 2.0, line
+        # Promptly: the pattern would run for hours; the bound leaves room for a loaded
+        # machine (2.2 s was seen with CI and three test runs on two cores).
+        assert float(line.rsplit("SECONDS", 1)[1]) < 10.0, line
     assert "42" in out.split("NEXT", 1)[1]
