@@ -61,7 +61,10 @@ def no_stray_kernels() -> Iterator[None]:
             else:
                 os.environ[name] = value
     leftover = descendants(os.getpid()) - before
-    runtime_after = [*Path(own_tmp).glob("hk-*"), *Path(own_tmp).glob("hks-*")]
+    # (host-kernel-<uid>: a kernel factory's folder, had a process of the suite started
+    # one with the suite's temp folder for its own)
+    runtime_after = [*Path(own_tmp).glob("hk-*"), *Path(own_tmp).glob("hks-*"),
+                     *Path(own_tmp).glob("host-kernel-*")]
     shutil.rmtree(own_tmp, ignore_errors=True)
     assert not leftover, f"processes left running by the suite: {sorted(leftover)}"
     assert not runtime_after, f"runtime folders (sockets) left behind: {runtime_after}"
