@@ -76,7 +76,8 @@ __all__ = ["COMMANDS", "COMMAND_MODULES", "EXIT_BROKEN_PIPE", "EXIT_FAILED",
 COMMANDS: list[Command] = [EXEC, AUDIT, LS, SHOW, LINEAGE, SLICE, REDERIVE, RECEIPT]
 
 #: Modules that each define ``COMMANDS: list[Command]`` (the kernelspec front, the
-#: agent loop, the MCP server, the record viewer); loaded when the parser is built.
+#: agent loop, the MCP server, the record viewer, batch); loaded when the parser is built,
+#: unless the command asked for is one of :data:`COMMANDS` (see :func:`main`).
 COMMAND_MODULES = ("host_kernel.control.commands", "host_kernel.agent.commands",
                    "host_kernel.viewer.commands", "host_kernel.batch.commands")
 
@@ -166,10 +167,11 @@ def _quiet_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``host-kernel`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     command: str | None = None
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser()
+        parser = build_parser(_commands_for(words))
         try:
-            args = _parse(parser, list(sys.argv[1:] if argv is None else argv))
+            args = _parse(parser, words)
         except SystemExit as exc:  # --help, --version, or argparse's own usage error
             return exc.code if isinstance(exc.code, int) else EXIT_USAGE
         run: Callable[[argparse.Namespace], int] | None = getattr(args, "_run", None)
@@ -187,6 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed early: nothing more to say, and no one to say it to
         _quiet_stdout()
         return EXIT_BROKEN_PIPE
+
+
+def _commands_for(argv: Sequence[str]) -> list[Command] | None:
+    """The commands the parser for ``argv`` needs: the one of :data:`COMMANDS` that
+    ``argv`` starts with, alone, else None (all of them). A short command (``exec`` of one
+    notebook) then neither imports the other parts' command modules and what they import
+    (the batch driver, the viewer's web browser) nor builds the other commands' parsers;
+    its own parser, usage line and errors are the same, since no option of the top-level
+    parser comes before the command word."""
+    for command in COMMANDS:
+        if argv and argv[0] == command.name:
+            return [command]
+    return None
 
 
 def _run(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -5,7 +5,9 @@ Owns :class:`Command` (one subcommand's name, help and two functions),
 codes, the shared options and their checks (``--ledger`` and ``--blobs``;
 ``RECORD``, ``--record`` and ``--workdir`` for a reading command, a writable
 ``--record`` for a writing one), finding the record a reading command works
-on, reading a notebook as ``exec`` and ``batch`` do, and the one way a
+on, reading a notebook as ``exec`` and ``batch`` do (:func:`read_notebook`,
+nbformat's reading and validation; :func:`code_cells`, exec's, which reads a
+plain nbformat 4 notebook without importing nbformat), and the one way a
 command prints a line. :mod:`host_kernel.cli` re-exports all of it for the
 commands of other parts; this module imports no command, and not
 :mod:`host_kernel.cli`. It does not parse argv or print errors: ``main``
@@ -23,9 +25,10 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "PROG", "Command", "CommandFailed", "UsageError", "add_record_arguments",
-           "add_store_arguments", "check_ledger_url", "full_id", "plural", "print_line", "quiet_nbformat",
-           "read_notebook", "record_argument", "resolve_record", "resolved_id", "store_options", "writable_record"]
+           "PROG", "CodeCell", "Command", "CommandFailed", "UsageError", "add_record_arguments",
+           "add_store_arguments", "check_ledger_url", "code_cells", "full_id", "plural",
+           "print_line", "quiet_nbformat", "read_notebook", "record_argument", "resolve_record",
+           "resolved_id", "store_options", "writable_record"]
 
 PROG = "host-kernel"
 
@@ -103,9 +106,45 @@ def read_notebook(path: Path) -> Any:
     not a list), ``no such file``, ``not a file`` or ``cannot read`` for a missing or
     unreadable path. Public for the commands of other modules (``host-kernel batch``), which
     check their notebooks as ``exec`` does."""
-    import json
+    text, _ = _notebook_json(path)
+    return _nbformat_read(path, text)
 
-    import nbformat
+
+@dataclass(frozen=True, slots=True)
+class CodeCell:
+    """One non-empty code cell of a notebook, as ``exec`` runs it."""
+
+    #: Its place among all the notebook's cells, markdown and raw ones included, from 1.
+    number: int
+    #: Its source, one string (a list of lines in the file is joined, as nbformat does).
+    source: str
+
+
+def code_cells(path: Path) -> list[CodeCell]:
+    """The non-empty code cells of the notebook at ``path``, in order: what ``exec`` runs.
+
+    A plain nbformat 4 notebook (4.0 to 4.5: the top-level keys, each cell's keys and their
+    types as the schema has them, each output an object of a known ``output_type``) is
+    read with :mod:`json` alone: nbformat, its validator and jsonschema cost a short
+    ``exec`` more than its first cell. What is inside the notebook's and the cells'
+    ``metadata``, an output's fields and a cell's attachments, which ``exec`` neither
+    reads nor writes, is not checked there. Anything else (another version, a key or type
+    the schema does not allow, a duplicate cell id) is read by :func:`read_notebook`,
+    which upgrades what nbformat can upgrade and refuses, with the same UsageErrors, what
+    it cannot."""
+    text, raw = _notebook_json(path)
+    cells = _plain_v4_cells(raw)
+    if cells is None:
+        cells = [(str(c.get("cell_type")), str(c.get("source", "")))
+                 for c in _nbformat_read(path, text).cells]
+    return [CodeCell(n, source) for n, (kind, source) in enumerate(cells, start=1)
+            if kind == "code" and source.strip()]
+
+
+def _notebook_json(path: Path) -> tuple[str, dict[str, Any]]:
+    """The text of the notebook file at ``path`` and its JSON, an object that names an
+    nbformat version; the UsageErrors of :func:`read_notebook` for anything less."""
+    import json
 
     if not path.exists():
         raise UsageError(f"no such file: {path}")
@@ -123,6 +162,16 @@ def read_notebook(path: Path) -> Any:
         raise UsageError(f"not a notebook: {path} is not JSON") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("nbformat"), int):
         raise UsageError(f"not a notebook: {path} names no nbformat version") from None
+    if not isinstance(raw.get("nbformat_minor", 0), int):  # nbformat fails an assert on it
+        raise UsageError(f"not a notebook: {path}: nbformat_minor is "
+                         f"{raw['nbformat_minor']!r}, not a whole number")
+    return text, raw
+
+
+def _nbformat_read(path: Path, text: str) -> Any:
+    """``text``, the notebook at ``path``, read by nbformat as version 4 and validated."""
+    import nbformat
+
     reads = cast(Callable[..., Any], nbformat.reads)  # nbformat ships no type hints
     try:
         with quiet_nbformat():
@@ -137,6 +186,66 @@ def read_notebook(path: Path) -> Any:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"not a notebook: {path}: {exc}") from None
     return nb
+
+
+#: The keys nbformat 4's schema requires of a notebook, and allows (no others).
+_NOTEBOOK_KEYS = frozenset({"nbformat", "nbformat_minor", "metadata", "cells"})
+#: The keys each cell type must have (``id`` too from 4.5), and the ones it may have.
+_CELL_KEYS = {
+    "code": (frozenset({"cell_type", "metadata", "source", "outputs", "execution_count"}),
+             frozenset({"id", "cell_type", "metadata", "source", "outputs",
+                        "execution_count"})),
+    "markdown": (frozenset({"cell_type", "metadata", "source"}),
+                 frozenset({"id", "cell_type", "metadata", "source", "attachments"})),
+    "raw": (frozenset({"cell_type", "metadata", "source"}),
+            frozenset({"id", "cell_type", "metadata", "source", "attachments"})),
+}
+_OUTPUT_TYPES = frozenset({"execute_result", "display_data", "stream", "error"})
+#: The newest minor version of nbformat 4 this reader knows (cell ids: 4.5).
+_NEWEST_MINOR = 5
+_ID_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def _plain_v4_cells(raw: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """Each cell's type and source (a list of lines joined) when ``raw`` is a plain
+    nbformat 4 notebook (see :func:`code_cells`), else None: nbformat must read it."""
+    minor = raw.get("nbformat_minor")
+    if raw["nbformat"] != 4 or type(minor) is not int or not 0 <= minor <= _NEWEST_MINOR \
+            or raw.keys() != _NOTEBOOK_KEYS or type(raw["metadata"]) is not dict \
+            or type(raw["cells"]) is not list:
+        return None
+    ids: set[str] = set()
+    cells = []
+    for cell in raw["cells"]:
+        if type(cell) is not dict or cell.get("cell_type") not in _CELL_KEYS:
+            return None
+        kind = cell["cell_type"]
+        required, allowed = _CELL_KEYS[kind]
+        keys = cell.keys()
+        if not required <= keys or not keys <= allowed or type(cell["metadata"]) is not dict:
+            return None
+        if minor >= 5:  # a cell id: required, 1 to 64 of [a-zA-Z0-9-_], unique
+            cid = cell.get("id")
+            if type(cid) is not str or not 0 < len(cid) <= 64 or cid in ids \
+                    or not _ID_CHARACTERS.issuperset(cid):
+                return None
+            ids.add(cid)
+        elif "id" in cell:
+            return None
+        source = cell["source"]
+        if type(source) is list and all(type(line) is str for line in source):
+            source = "".join(source)
+        if type(source) is not str or type(cell.get("attachments", {})) is not dict:
+            return None
+        if kind == "code":
+            count, outputs = cell["execution_count"], cell["outputs"]
+            if not (count is None or (type(count) is int and count >= 0)) \
+                    or type(outputs) is not list \
+                    or not all(type(out) is dict and out.get("output_type") in _OUTPUT_TYPES
+                               for out in outputs):
+                return None
+        cells.append((kind, source))
+    return cells
 
 
 @contextlib.contextmanager

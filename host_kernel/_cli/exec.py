@@ -21,13 +21,14 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     PROG,
+    CodeCell,
     Command,
     CommandFailed,
     UsageError,
     add_store_arguments,
+    code_cells,
     plural,
     print_line,
-    read_notebook,
     store_options,
     writable_record,
 )
@@ -77,7 +78,7 @@ def _exec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _exec_options(args: argparse.Namespace, notebook: Path
-                  ) -> tuple[Path, Any, Path | None, str | None]:
+                  ) -> tuple[Path, list[CodeCell], Path | None, str | None]:
     from ..modes import UnknownModeError, normalise_mode_name
 
     workdir = Path(args.workdir) if args.workdir else notebook.resolve().parent
@@ -95,12 +96,12 @@ def _exec_options(args: argparse.Namespace, notebook: Path
         raise UsageError("--baseline names the revision a codebase_change is judged against; "
                          "give it with --mode codebase_change")
     # Every notebook is read and checked before any runs: a bad one is a usage error at once.
-    nb = read_notebook(notebook)
+    cells = code_cells(notebook)
     record = writable_record(args.record)
     if record is not None and args.ledger is None and not args.other_workspace:
         _same_workspace(record, workdir)
     _writable(workdir)
-    return workdir, nb, record, mode
+    return workdir, cells, record, mode
 
 
 def _writable(workdir: Path) -> None:
@@ -159,10 +160,10 @@ def _exec_run(args: argparse.Namespace) -> int:
     failed = 0
     roots = sorted({str(workdir.resolve()) for _, workdir, *_ in batch})
     with HostPool(size=1, roots=roots) as pool:
-        for n, (notebook, workdir, nb, record, mode) in enumerate(batch, start=1):
+        for n, (notebook, workdir, cells, record, mode) in enumerate(batch, start=1):
             print_line(f"### notebook {n}/{len(batch)}: {notebook}")
             try:
-                code = _exec_one(args, notebook, workdir, nb, record, mode, pool=pool)
+                code = _exec_one(args, notebook, workdir, cells, record, mode, pool=pool)
             except CommandFailed as exc:
                 print_line(f"{PROG} exec: error: {exc}", sys.stderr)
                 code = EXIT_FAILED
@@ -172,11 +173,9 @@ def _exec_run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _exec_one(args: argparse.Namespace, notebook: Path, workdir: Path, nb: Any,
-              record: Path | None, mode: str | None, pool: Any = None) -> int:
-    cells = [(i, c) for i, c in enumerate(nb.cells, start=1)
-             if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
-
+def _exec_one(args: argparse.Namespace, notebook: Path, workdir: Path,
+              cells: list[CodeCell], record: Path | None, mode: str | None,
+              pool: Any = None) -> int:
     from .._errors import HostKernelError, RecordError
     from ..host._host import Host
 
@@ -200,9 +199,10 @@ def _exec_one(args: argparse.Namespace, notebook: Path, workdir: Path, nb: Any,
     running: tuple[int, int] | None = None  # (cell number, position) of the cell running
     interrupted: tuple[int, int] | None = None
     try:
-        for n, (index, cell) in enumerate(cells, start=1):
+        for n, cell in enumerate(cells, start=1):
+            index = cell.number
             running = (index, n)
-            obs = host.execute(str(cell.source), timeout=args.timeout)
+            obs = host.execute(cell.source, timeout=args.timeout)
             running = None
             ran += 1
             print_line(f"--- cell {index} ({n}/{len(cells)} code): {obs.status}, "
