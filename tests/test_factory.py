@@ -393,13 +393,13 @@ def test_the_kernelspec_and_its_restart_start_warm_from_the_factory(
         try:
             assert kernel.stdout("print(host.generation)").strip() == "1"
             [first] = kernel.events("generation_started")
-            assert first["warm"]["factory"] is True and first["warm"]["used"] is True
+            assert first["warm"]["factory"] is True and first["warm"]["used"] is True, first
             served.ready()
             kernel.km.restart_kernel(now=False)
             kernel.kc.wait_for_ready(timeout=60)
             assert kernel.stdout("print(host.generation)").strip() == "2"
             second = kernel.events("generation_started")[-1]
-            assert second["warm"]["factory"] is True and second["warm"]["used"] is True
+            assert second["warm"]["factory"] is True and second["warm"]["used"] is True, second
             assert second["warm"]["standby_started"] != first["warm"]["standby_started"]
         finally:
             kernel.stop()
