@@ -425,3 +425,30 @@ def test_a_process_with_no_new_privs_is_refused(served: Served) -> None:
     reply = json.loads(out.stdout)
     assert reply["ok"] is False and "no_new_privs" in reply["reason"]
     assert served.hello()["stats"]["handed_out"] == 0  # type: ignore[index]
+
+
+def test_a_garbled_or_repeated_request_is_answered_and_the_factory_goes_on(
+        served: Served, roots: Path) -> None:
+    import socket as sockets
+
+    with sockets.socket(sockets.AF_UNIX, sockets.SOCK_SEQPACKET) as conn:
+        conn.settimeout(30)
+        conn.connect(str(served.place.socket))
+        for garbage in (b"[1, 2]", b'"take"', b'{"op": "steal"}'):
+            conn.send(garbage)
+            reply = json.loads(conn.recv(65536))
+            assert reply["ok"] is False and "unknown or repeated request" in reply["reason"]
+        conn.send(b"not json")
+        assert conn.recv(65536) == b""  # it hangs up on what is not JSON at all
+    # One kernel per connection (a connection is one session's lease).
+    lease, standby, why = _take(served.place, roots / "ws")
+    try:
+        assert standby is not None, why
+        lease._sock.send(json.dumps({"op": "take", "workspace": str(roots / "ws")}).encode())
+        reply = json.loads(lease._sock.recv(65536))
+        assert reply["ok"] is False and "repeated" in reply["reason"]
+    finally:
+        if standby is not None:
+            standby.close()  # type: ignore[attr-defined]
+        lease.close()
+    assert served.hello()["stats"]["handed_out"] == 1  # type: ignore[index]

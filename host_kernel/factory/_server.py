@@ -193,7 +193,7 @@ class Factory:
                     if not data:
                         return  # the session ended (or its Host did)
                     request = json.loads(data)
-                    op = request.get("op")
+                    op = request.get("op") if isinstance(request, dict) else None
                     if op == "hello":
                         conn.send(json.dumps(self._hello()).encode())
                     elif op == "take" and not took:
