@@ -48,7 +48,7 @@ from host_kernel.factory._client import FactoryPool
 from host_kernel.factory._place import DIR_ENV, FACTORY_ENV, Place
 from host_kernel.host._kernel import pinned
 
-__all__ = ["FACTORY"]
+__all__ = ["FACTORY", "require_factory_start", "served"]
 
 #: The issue's bound on a warm start with the factory running.
 WARM_LIMIT = 0.050
@@ -100,7 +100,7 @@ def served(root: Path, size: int = 2) -> Iterator[Callable[[], None]]:
             proc.wait()
 
 
-def _served_warm(host: Host) -> None:
+def require_factory_start(host: Host) -> None:
     assert host.ledger is not None
     row = next(iter(host.ledger.query(
         "SELECT body FROM events WHERE kind = 'generation_started' AND session = ? "
@@ -124,7 +124,7 @@ def bench_factory_start(plan: Plan) -> Result:
             try:
                 run_cell(host, "pass")
                 took = time.perf_counter() - t0
-                _served_warm(host)
+                require_factory_start(host)
             finally:
                 host.close()
             return took
@@ -187,8 +187,8 @@ def bench_factory_exec(plan: Plan) -> Result:
         ours(), base()
         a, b = interleaved(n, ours, base)
     return Result("factory_exec", a, b, 1.0, notes=(
-        f"{n} runs each, each a new process in a new folder", "ours includes the notebook "
-        "written back with its outputs and the session's record closed"))
+        f"{n} runs each, each a new process in a new folder", "ours includes the session's "
+        "record closed and its summary printed"))
 
 
 def bench_factory_control_start(plan: Plan) -> Result:
