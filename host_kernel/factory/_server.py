@@ -106,8 +106,6 @@ class Factory:
         self._leases = 0
         self._last = time.monotonic()
         self._stop = threading.Event()
-        #: Handed-out kernels this process started and must reap (their init's Popen).
-        self._reaping: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ the process
 
@@ -140,6 +138,8 @@ class Factory:
                 ready, _, _ = select.select([listener], [], [], 0.25)
                 if ready:
                     conn, _ = listener.accept()
+                    with self._lock:  # counted now: the idle check below must see it
+                        self._leases += 1
                     threading.Thread(target=self._attach, args=(conn,), daemon=True,
                                      name="host-kernel-factory-session").start()
                 if self._idle_over() or not self._still_mine(inode):
@@ -154,7 +154,7 @@ class Factory:
                 pass
             self.pool.close()
             os.close(lock)
-        self._log("idle: exiting")
+        self._log("exiting (idle, stopped, or its socket gone)")
         return 0
 
     def _idle_over(self) -> bool:
@@ -174,8 +174,7 @@ class Factory:
     # ------------------------------------------------------------------ one session
 
     def _attach(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._leases += 1
+        """Serve one connection (counted as a lease by the accepting loop) until it ends."""
         try:
             with conn:
                 why = peer_refusal(conn)
