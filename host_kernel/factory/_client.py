@@ -79,9 +79,10 @@ class FactoryPool:
         except (OSError, ValueError) as exc:
             sock.close()
             return None, f"the kernel factory did not answer within {HELLO_TIMEOUT:g} s ({exc})"
-        if not hello.get("ok"):
+        if not isinstance(hello, dict) or not hello.get("ok"):
             sock.close()
-            return None, f"the kernel factory refused this process: {hello.get('reason')}"
+            why = hello.get("reason") if isinstance(hello, dict) else "an unreadable hello"
+            return None, f"the kernel factory refused this process: {why}"
         mine = place.identity
         other = [k for k in mine if hello.get(k) != mine[k]]
         if other:
@@ -103,6 +104,8 @@ class FactoryPool:
             return None, f"the kernel factory did not hand a kernel over: {exc}"
         try:
             reply = json.loads(data or b"{}")
+            if not isinstance(reply, dict):
+                raise TypeError("the reply is not an object")
             if not reply.get("ok"):
                 for fd in fds:
                     os.close(fd)
