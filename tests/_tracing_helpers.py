@@ -19,15 +19,24 @@ def last_line(host: Host, code: str) -> str:
     return run_ok(host, code).strip().splitlines()[-1]
 
 
-def inputs_of(host: Host, filename: str) -> dict[str, str]:
-    """``{key: method}`` of the newest artifact saved under ``filename``."""
+def _newest_inputs(host: Host, filename: str) -> list[dict[str, Any]]:
     rows = host.ledger.query(
         "SELECT lineage FROM artifacts WHERE filename = ? ORDER BY seq DESC LIMIT 1",
         (filename,))
     assert rows, f"no artifact named {filename!r} was saved"
     lineage = json.loads(rows[0]["lineage"])
     assert "error" not in lineage, lineage
-    return {item["key"]: item["method"] for item in lineage["inputs"]}
+    return list(lineage["inputs"])
+
+
+def inputs_of(host: Host, filename: str) -> dict[str, str]:
+    """``{key: method}`` of the newest artifact saved under ``filename``."""
+    return {item["key"]: item["method"] for item in _newest_inputs(host, filename)}
+
+
+def file_inputs(host: Host, filename: str) -> list[dict[str, Any]]:
+    """The file inputs (``path``, ``sha256``, …) of the newest artifact named ``filename``."""
+    return [i for i in _newest_inputs(host, filename) if i["key"].startswith("file:")]
 
 
 def artifact_id_of(host: Host, filename: str) -> str:

@@ -12,15 +12,14 @@ is hashed again at its next look.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _helpers import run_ok
+from _tracing_helpers import file_inputs
 
 from host_kernel import Host
 from host_kernel.host import _changes, _keep, _workspace
@@ -154,14 +153,6 @@ def host(workdir: Path, coarse_clock: None) -> Iterator[Host]:
         yield h
 
 
-def file_inputs(host: Host, filename: str) -> list[dict[str, Any]]:
-    rows = host.ledger.query(
-        "SELECT lineage FROM artifacts WHERE filename = ? ORDER BY seq DESC LIMIT 1",
-        (filename,))
-    assert rows, f"no artifact named {filename!r}"
-    lineage = json.loads(rows[0]["lineage"])
-    assert "error" not in lineage, lineage
-    return [i for i in lineage["inputs"] if i.get("path")]
 
 
 #: Within one tick: write A, have the Host hash it (a save hashes the saving cell's reads),

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from _helpers import run_ok
-from _tracing_helpers import filtered_python, finished
+from _tracing_helpers import file_inputs, filtered_python, finished
 
 from host_kernel import Host
 from host_kernel.audit import audit
@@ -45,15 +45,6 @@ def traced(workdir: Path) -> Iterator[Host]:
         yield host
 
 
-def file_inputs(host: Host, filename: str) -> list[dict[str, Any]]:
-    """The file inputs (``path``, ``sha256``, …) of the newest artifact named ``filename``."""
-    rows = host.ledger.query(
-        "SELECT lineage FROM artifacts WHERE filename = ? ORDER BY seq DESC LIMIT 1",
-        (filename,))
-    assert rows, f"no artifact named {filename!r}"
-    lineage = json.loads(rows[0]["lineage"])
-    assert "error" not in lineage, lineage
-    return [i for i in lineage["inputs"] if i["key"].startswith("file:")]
 
 
 def settle(path: Path) -> None:
