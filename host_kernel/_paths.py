@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "find_record",
     "records_home",
     "state_home",
+    "user_site",
 ]
 
 #: The folder name of a record kept inside its workspace (before the record moved out).
@@ -65,3 +68,40 @@ def find_record(path: str | os.PathLike[str]) -> Path | None:
         if (candidate / LEDGER_NAME).is_file():
             return candidate
     return None
+
+
+def _venv_without_user_site() -> bool:
+    """Whether this interpreter is a virtual environment whose ``pyvenv.cfg`` leaves the
+    user site out (``include-system-site-packages`` other than true), as :mod:`site` reads it."""
+    if sys.prefix == sys.base_prefix:
+        return False
+    bindir = os.path.dirname(os.path.abspath(sys.executable))
+    for folder in (bindir, os.path.dirname(bindir)):
+        cfg = os.path.join(folder, "pyvenv.cfg")
+        if not os.path.isfile(cfg):
+            continue
+        with open(cfg, encoding="utf-8") as lines:
+            for line in lines:
+                key, sep, value = line.partition("=")
+                if sep and key.strip().lower() == "include-system-site-packages":
+                    return value.strip().lower() != "true"
+        return False
+    return False
+
+
+def user_site(env: Mapping[str, str]) -> str | None:
+    """The user's site folder a fresh ``python`` of this interpreter started with ``env``
+    would put on its path (and whose ``.pth`` files and ``usercustomize`` it would run),
+    whether or not it exists; None where it would leave it out (``PYTHONNOUSERSITE``, a
+    virtual environment without system site-packages, a set-uid start)."""
+    import sysconfig
+
+    if (env.get("PYTHONNOUSERSITE") or _venv_without_user_site()
+            or os.getuid() != os.geteuid() or os.getgid() != os.getegid()):
+        return None
+    base = env.get("PYTHONUSERBASE") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".local")
+    scheme = f"{os.name}_user"
+    if scheme not in sysconfig.get_scheme_names():
+        return None
+    return sysconfig.get_path("purelib", scheme, vars={"userbase": base})

@@ -100,10 +100,20 @@ def short_tempdir() -> str | None:
 
 
 def standby_argv(sandbox: Sandbox | None) -> list[str]:
-    """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby."""
+    """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby.
+
+    With ``-s``: a standby starts in the pool's broad domain, which may write where a
+    session could plant a ``.pth`` or ``usercustomize`` in the user's site folder (a
+    workspace at ``$HOME``). Python runs those at start-up, before any narrowing, so
+    the standby leaves the user site off until it has narrowed to the session, then
+    adds it as a fresh start would have (:func:`host_kernel.kernel.standby.user_site`).
+    """
     argv = kernel_argv(sandbox)
     at = argv.index(pinned(LAUNCHER)[-1])
     argv[at] = pinned("host_kernel.kernel.standby")[-1]
+    if argv[at - 1] != "-c" or argv[at - 2] != sys.executable:
+        raise RuntimeError(f"unexpected kernel command line: {argv!r}")
+    argv.insert(at - 1, "-s")
     return argv
 
 

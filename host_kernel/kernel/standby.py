@@ -127,9 +127,48 @@ def adopt(orders: dict[str, object], started_path: list[str]) -> None:
     at = sys.path.index(started_path[0]) if started_path and started_path[0] in sys.path else 0
     sys.path[at:at] = new
     tempfile.tempdir = None  # $TMPDIR is the session's now
+    user_site(env)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+
+
+def user_site(env: dict[str, str]) -> list[str]:
+    """Add the user's site folder (its ``.pth`` files, then ``usercustomize``) as a fresh
+    start with this environment would have: the standby started with ``-s``, so none of
+    it ran in the pool's domain (host_kernel/host/_kernel.py ``standby_argv``). Called
+    once narrowed. The folders go where :mod:`site` puts them, ahead of the interpreter's
+    site-packages. Returns the folders added."""
+    import site
+
+    from host_kernel._paths import user_site as wanted
+
+    folder = wanted(env)
+    if folder is None or not os.path.isdir(folder):
+        return []
+    site.ENABLE_USER_SITE = True
+    site.USER_SITE, site.USER_BASE = folder, None  # the session's, not the pool's
+    before = set(sys.path)
+    site.addsitedir(folder)
+    # What it appended (the folder, then its .pth files' folders) moves up; what a .pth
+    # put elsewhere itself stays where it put it, as in a fresh start.
+    tail = len(sys.path)
+    while tail and sys.path[tail - 1] not in before:
+        tail -= 1
+    added = sys.path[tail:]
+    del sys.path[tail:]
+    # site.main adds a virtual environment's own site-packages first, then the user's,
+    # then the rest (the base interpreter's, or the system's outside a venv).
+    own = sys.prefix if sys.prefix != sys.base_prefix else None
+    system = set(site.getsitepackages([p for p in site.PREFIXES if p != own]))
+    at = next((i for i, p in enumerate(sys.path) if p in system), len(sys.path))
+    sys.path[at:at] = added
+    try:
+        import usercustomize  # noqa: F401 - run as site.main would
+    except ImportError as exc:
+        if exc.name != "usercustomize":
+            raise
+    return added
 
 
 def _ready_marker(argv: list[str]) -> str | None:

@@ -133,12 +133,18 @@ class Policy:
         # The interpreter, and host_kernel itself: the sandbox's init imports it unconfined,
         # so a copy that confined code could change would be an escape (reported below).
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        from .._paths import user_site
+
+        # The user's site folder too, where a fresh interpreter would run its .pth files
+        # (whether or not it exists yet: a session that may create it is reported).
+        site = user_site(os.environ)
         interpreter = sorted({_real(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
                                                  os.path.dirname(_real(sys.executable)),
-                                                 package)})
+                                                 package, *([site] if site else []))})
         # The interpreter and its packages must be readable even when they live in a
         # hidden tree (a venv under /tmp, as CI makes one).
-        extras = list(interpreter) + [p for p in sys.path if p and os.path.isdir(p)]
+        extras = [p for p in interpreter if os.path.isdir(p)] + [
+            p for p in sys.path if p and os.path.isdir(p)]
         for extra in [_real(p) for p in extras + list(extra_read)]:
             # Never re-grant a hidden folder, or a folder holding one, through the back door.
             if not any(h == extra or h.startswith(extra.rstrip("/") + "/") for h in hidden):
