@@ -69,6 +69,17 @@ def early_kernel(workdir: Path) -> HostPool | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The kernelspec's process: its relay forked ready-imported by the user's relay zygote
+    where one serves (host_kernel/control/_zygote.py), else run here."""
+    args = sys.argv[1:] if argv is None else argv
+    from ._zygote import launch
+
+    code = launch(args)
+    return run(args) if code is None else code
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Read the launch's arguments, and serve the relay until the session ends."""
     parser = argparse.ArgumentParser(prog="python -m host_kernel.control",
                                      description="The host_kernel control kernel (launched by "
                                                  "a Jupyter frontend from its kernelspec).")

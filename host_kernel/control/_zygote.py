@@ -1,0 +1,507 @@
+"""The relay zygote: control-kernel relays forked ready-imported, for every kernelspec start.
+
+A Jupyter frontend launches ``python -P -m host_kernel.control -f FILE`` for every kernel
+start and every restart, and that process used to import the Host (about half a second)
+before it could answer. Now it first asks the user's **relay zygote**: a process of the
+user's that has imported the relay and the Host once, and waits on a socket beside the
+kernel factory's (host_kernel/factory). The zygote forks; the child becomes this kernel's
+relay, with the launching process's folder, environment, standard streams, umask and
+arguments. The launching process stays the frontend's kernel process: it passes signals
+on, and exits with the relay's exit status; if it is killed, its relay kills itself.
+
+A fork is served only where it gives what a fresh launch would:
+
+- the same interpreter and package code (the socket is keyed as the factory's);
+- the same interpreter start-up: ``sys.path``, ``sys.flags``, ``-X`` and ``-W`` options,
+  and every ``PYTHON*``, ``LANG``, ``LC_*`` and ``HOME`` variable (read once, at start);
+- the same process context: namespaces, cgroup, resource limits, nice value, security
+  label (no_new_privs is the factory's peer rule already).
+
+Otherwise the launching process runs its relay itself, as before, and says why on its
+standard error. Who may ask is the factory's rule (same user, same mount and PID
+namespaces, no no_new_privs), and the socket lies in the factory's folder, which no
+confined kernel sees. ``HOST_KERNEL_FACTORY=off`` turns it off with the factory. The
+first launch that finds no zygote starts one, and runs its own relay; the zygote exits
+when it has no relay left and the factory is gone or it has been idle
+``HOST_KERNEL_FACTORY_IDLE`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..factory._place import Place
+
+__all__ = ["launch", "main", "startup"]
+
+#: Seconds a launching process waits to connect, then for the fork's answer.
+CONNECT_TIMEOUT = 1.0
+REPLY_TIMEOUT = 5.0
+#: Seconds the zygote stays with no relay and no factory (one may be starting).
+FACTORY_GRACE = 10.0
+#: Namespaces a launching process must share with the zygote.
+NAMESPACES = ("mnt", "pid", "net", "user", "uts", "ipc", "cgroup")
+#: Variables Python reads once, at start (with these, ``PYTHON*``).
+STARTUP_VARS = ("LANG", "HOME")
+#: Signals the launching process passes on to its relay.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+
+
+def startup() -> dict[str, Any]:
+    """What this interpreter's start decided, as JSON: two processes that agree on it
+    import the same modules the same way."""
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("PYTHON", "LC_")) or k in STARTUP_VARS}
+    facts = {"python": sys.executable, "path": sys.path, "flags": list(sys.flags),
+             "xoptions": sorted(sys._xoptions.items()), "warnoptions": sys.warnoptions,
+             "env": env}
+    out: dict[str, Any] = json.loads(json.dumps(facts, default=str))
+    return out
+
+
+def _socket_path(place: Place) -> Path:
+    return Path(place.folder) / place.socket.name.replace("factory-", "relay-", 1)
+
+
+def _line(sock: socket.socket, limit: int = 1 << 20,
+          deadline: float | None = None) -> tuple[bytes, list[int]]:
+    """One newline-ended message of at most ``4 * limit`` bytes, and the descriptors
+    that came with its first part; by ``deadline`` (``time.monotonic``), if given."""
+    import time
+
+    data, fds, _, _ = socket.recv_fds(sock, limit, 4)
+    while data and not data.endswith(b"\n"):
+        left = None if deadline is None else deadline - time.monotonic()
+        if len(data) > 4 * limit or (left is not None and left <= 0):
+            for fd in fds:
+                os.close(fd)
+            raise ValueError("a message too long or too slow")
+        if left is not None:
+            sock.settimeout(left)
+        more = sock.recv(limit)
+        if not more:
+            break
+        data += more
+    return data, list(fds)
+
+
+class _NotServed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------- the launching side
+
+
+def launch(argv: list[str]) -> int | None:
+    """Run this control kernel in a relay the zygote forks: its exit status; None when it
+    is not served (the caller runs the relay itself)."""
+    from ..factory._place import FactoryUnavailable, Place, disabled
+
+    if disabled():
+        return None
+    try:
+        place = Place()
+        place.ensure()
+    except FactoryUnavailable:
+        return None
+    path = _socket_path(place)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        _start(place)  # for the next launch (a restart is the next)
+        return None
+    try:
+        return _served(sock, argv)
+    except _NotServed as why:
+        sys.stderr.write(f"host_kernel: relay started here, not forked ({why})\n")
+        return None
+    except (OSError, ValueError) as exc:  # a zygote that died or answered nonsense
+        sys.stderr.write(f"host_kernel: relay started here, not forked ({exc})\n")
+        return None
+    finally:
+        sock.close()
+
+
+def _served(sock: socket.socket, argv: list[str]) -> int:
+    request = {"argv": argv, "argv0": sys.argv[0] if sys.argv else "", "cwd": os.getcwd(),
+               "env": dict(os.environ), "umask": _umask(), "startup": startup()}
+    sock.settimeout(REPLY_TIMEOUT)
+    socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    data, fds = _line(sock)
+    reply = json.loads(data)
+    if not isinstance(reply, dict) or "pid" not in reply or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise _NotServed(reply.get("refused") if isinstance(reply, dict) else "no answer")
+    relay = fds[0]  # a pidfd: signals reach this relay, never a recycled pid
+    sock.sendall(b"go\n")  # from here on the relay is this kernel's; no turning back
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            signal.pidfd_send_signal(relay, signum)
+        except OSError:
+            pass  # already gone
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    code = _wait(sock, relay, forward)
+    os.close(relay)
+    if not isinstance(code, int):
+        code = 1
+    if code < 0:  # killed by a signal: end the same way
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def _wait(sock: socket.socket, relay: int, forward: Any) -> object:
+    """The relay's exit status, as the zygote reports it (None if it cannot). Meanwhile,
+    as ipykernel and a launched relay do: when the frontend that launched this process
+    (``JPY_PARENT_PID``, this process's parent) is gone, the relay is asked to stop."""
+    parent = int(os.environ.get("JPY_PARENT_PID") or 0)
+    parent = parent if parent == os.getppid() else 0
+    sock.settimeout(None)
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        if ready:
+            try:
+                data, _ = _line(sock)
+                return json.loads(data)["exit"] if data else _ended(relay)
+            except (OSError, ValueError, KeyError, TypeError):
+                return _ended(relay)
+        if parent and os.getppid() != parent:
+            forward(signal.SIGTERM, None)
+            parent = 0
+
+
+def _ended(relay: int) -> int:
+    """The zygote is gone before it said how the relay ended: wait for the relay itself
+    (its status is the zygote's to know: 1)."""
+    select.select([relay], [], [])
+    return 1
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _start(place: Any) -> None:
+    """Start the zygote in the background (it detaches; of two started at once, the second
+    finds the lock taken and exits)."""
+    import subprocess
+    import threading
+
+    from ..host._kernel import pinned
+
+    argv = pinned("host_kernel.control._zygote")
+    argv.insert(1, "-P")  # as the kernelspec's launch: no start folder on the path
+    try:
+        with open(_socket_path(place).with_suffix(".log"), "ab") as log:
+            proc = subprocess.Popen([*argv, "--folder", str(place.folder)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
+                                    start_new_session=True, close_fds=True)
+    except OSError:
+        return  # the next launch runs its own relay too
+    # It forks and its first process exits at once: reap that one, off this launch's path.
+    threading.Thread(target=proc.wait, daemon=True, name="host-kernel-zygote-start").start()
+
+
+# ---------------------------------------------------------------------- the zygote
+
+
+class Zygote:
+    """Relays forked on request; each child's exit reported to its launching process."""
+
+    def __init__(self, place: Any, idle: float, lock: int) -> None:
+        import selectors
+        import time
+
+        self.place = place
+        self.lock = lock
+        self.path = _socket_path(place)
+        self.idle = idle
+        self._time = time.monotonic
+        self._last = time.monotonic()
+        self._facts = startup()
+        self._sel = selectors.DefaultSelector()
+        self._children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> pid, launcher
+        self._listener: socket.socket | None = None
+        self._factory_seen = False
+
+    def serve(self) -> int:
+        import selectors
+
+        listener = self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.path.exists() or self.path.is_symlink():
+            self.path.unlink()  # a dead zygote's (we hold the lock)
+        listener.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        listener.listen(16)
+        inode = os.stat(self.path).st_ino
+        self._sel.register(listener, selectors.EVENT_READ)
+        while True:
+            for key, _ in self._sel.select(timeout=1.0):
+                if key.fileobj is listener:
+                    self._accept()
+                else:
+                    self._reap(key.fd)
+            if not self._children and self._over():
+                break
+            try:
+                if os.stat(self.path).st_ino != inode:
+                    break  # another zygote's now
+            except OSError:
+                break  # the socket is gone: so is the folder, or we were asked to go
+        listener.close()
+        try:
+            if os.stat(self.path).st_ino == inode:
+                self.path.unlink()
+        except OSError:
+            pass
+        return 0
+
+    def _over(self) -> bool:
+        quiet = self._time() - self._last
+        if self.place.socket.exists():
+            self._factory_seen = True
+        elif self._factory_seen or quiet > min(self.idle, FACTORY_GRACE):
+            return True  # the factory ended (or never came): so have the user's sessions
+        return quiet > self.idle
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        conn, _ = self._listener.accept()
+        self._last = self._time()
+        fds: list[int] = []
+        try:
+            conn.settimeout(REPLY_TIMEOUT)
+            from ..factory._server import peer_refusal
+
+            why = peer_refusal(conn)
+            data, fds = _line(conn, deadline=self._time() + REPLY_TIMEOUT)
+            request = json.loads(data)
+            pid = self._peer_pid(conn)
+            why = why or self._refusal(request, pid, fds)
+            if why is not None:
+                sys.stderr.write(f"host_kernel zygote: not forked for pid {pid}: {why}\n")
+                sys.stderr.flush()
+                conn.sendall(json.dumps({"refused": why}).encode() + b"\n")
+                conn.close()
+                return
+            self._fork(conn, request, fds, pid)
+        except (OSError, ValueError, KeyError, TypeError):
+            conn.close()
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    @staticmethod
+    def _peer_pid(conn: socket.socket) -> int:
+        import struct
+
+        pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        struct.calcsize("3i")))
+        return int(pid)
+
+    def _refusal(self, request: Any, pid: int, fds: list[int]) -> str | None:
+        """Why a fork would not be what this launch would have been, or None."""
+        if not isinstance(request, dict) or len(fds) != 3:
+            return "a garbled request"
+        theirs = request.get("startup")
+        if not isinstance(theirs, dict):
+            return "a garbled request"
+        differ = sorted(k for k in self._facts if self._facts[k] != theirs.get(k))
+        if differ:
+            return "its interpreter started otherwise than the zygote's: " + ", ".join(differ)
+        for name in NAMESPACES:
+            if _read(f"/proc/{pid}/ns/{name}", link=True) != _read(f"/proc/self/ns/{name}",
+                                                                     link=True):
+                return f"it runs in another {name} namespace"
+        for name in ("cgroup", "limits", "attr/current"):
+            if _read(f"/proc/{pid}/{name}") != _read(f"/proc/self/{name}"):
+                return f"its {name} differ from the zygote's"
+        if os.getpriority(os.PRIO_PROCESS, pid) != os.getpriority(os.PRIO_PROCESS, 0):
+            return "its nice value differs from the zygote's"
+        if not (isinstance(request.get("argv"), list)
+                and all(isinstance(a, str) for a in request["argv"])
+                and isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str)
+                and isinstance(request.get("umask"), int)):
+            return "a garbled request"
+        return None
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
+              pid: int) -> None:
+        import selectors
+
+        if len(os.listdir("/proc/self/task")) != 1:
+            raise OSError("the zygote is not single-threaded; it does not fork")
+        launcher = os.pidfd_open(pid)
+        go_r, go_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = os.fork()
+        if child == 0:
+            try:
+                os.close(go_w)
+                self._become(conn, request, fds, launcher, go_r)
+            except BaseException:  # noqa: BLE001 - said on the launch's stderr, then gone
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(70)
+        os.close(go_r)
+        os.close(launcher)
+        pidfd = os.pidfd_open(child)
+        try:
+            socket.send_fds(conn, [json.dumps({"pid": child}).encode() + b"\n"], [pidfd])
+            ack, _ = _line(conn, 64, deadline=self._time() + REPLY_TIMEOUT)
+            if ack.strip() != b"go":
+                raise OSError("the launching process went away")
+            os.write(go_w, b"g")
+        except OSError:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(go_w)
+        conn.settimeout(None)
+        self._children[pidfd] = (child, conn)
+        self._sel.register(pidfd, selectors.EVENT_READ)
+
+    def _reap(self, pidfd: int) -> None:
+        self._sel.unregister(pidfd)
+        child, conn = self._children.pop(pidfd)
+        _, status = os.waitpid(child, 0)
+        os.close(pidfd)
+        try:
+            conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode()
+                         + b"\n")
+        except OSError:
+            pass  # the launching process is gone (so its relay killed itself)
+        conn.close()
+        self._last = self._time()
+
+    def _become(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
+                launcher: int, go: int) -> None:
+        """In the child: this launch's relay, once the launching process has said go."""
+        import tempfile
+        import threading
+
+        os.setsid()
+        os.close(self.lock)  # the zygote's alone: a relay must not keep the next one out
+        conn.close()
+        assert self._listener is not None
+        self._listener.close()
+        for pidfd, (_, other) in self._children.items():
+            other.close()
+            os.close(pidfd)
+        self._sel.close()
+        if os.read(go, 1) != b"g":
+            os._exit(0)  # the launching process runs its own relay
+        os.close(go)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+        tempfile.tempdir = None
+        sys.argv = [str(request.get("argv0") or "host_kernel.control"), *request["argv"]]
+
+        def watch() -> None:  # the launching process killed: so is its relay
+            select.select([launcher], [], [])
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, daemon=True, name="host-kernel-launcher").start()
+        from .__main__ import run
+
+        try:
+            code = run(request["argv"])
+        except SystemExit as exc:  # argparse's refusal, as the process would have ended
+            if isinstance(exc.code, str):
+                sys.stderr.write(exc.code + "\n")
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _read(path: str, *, link: bool = False) -> str:
+    try:
+        if link:
+            return os.readlink(path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError as exc:
+        return f"<{exc.errno}>"
+
+
+def preload() -> None:
+    """Everything a relay imports, from its start to its first cells."""
+    import importlib
+
+    for name in ("host_kernel.control.__main__", "host_kernel.control.relay",
+                 "host_kernel.host._relay_support", "host_kernel.host._pool",
+                 "host_kernel.factory._client", "host_kernel.factory._adopt",
+                 "host_kernel.lineage.graph", "host_kernel.lineage.slice",
+                 "host_kernel.sandbox.trace", "jupyter_client.session", "zmq"):
+        importlib.import_module(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import fcntl
+    import gc
+
+    from ..factory._place import FactoryUnavailable, Place, idle_seconds
+
+    parser = argparse.ArgumentParser(prog="python -m host_kernel.control._zygote",
+                                     description="Fork control-kernel relays ready-imported.")
+    parser.add_argument("--folder", default=None, help="the kernel factory's folder")
+    parser.add_argument("--idle", type=float, default=None,
+                        help="seconds with no relay and no request before exiting")
+    parser.add_argument("--foreground", action="store_true", help="do not detach")
+    args = parser.parse_args(argv)
+    place = Place(Path(args.folder) if args.folder else None)
+    try:
+        place.ensure()
+    except FactoryUnavailable as exc:
+        sys.stderr.write(f"host_kernel zygote: {exc}\n")
+        return 1
+    lock = os.open(_socket_path(place).with_suffix(".lock"),
+                   os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another zygote serves this user and installation
+    if not args.foreground and os.fork() > 0:
+        os._exit(0)
+    if not args.foreground:
+        os.setsid()
+    preload()
+    gc.collect()
+    gc.freeze()  # what the relays share stays shared: no collection touches it
+    return Zygote(place, idle_seconds() if args.idle is None else args.idle, lock).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
