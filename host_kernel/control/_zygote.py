@@ -171,8 +171,8 @@ def _wait(sock: socket.socket, relay: int, forward: Any) -> object:
     """The relay's exit status, as the zygote reports it (None if it cannot). Meanwhile,
     as ipykernel and a launched relay do: when the frontend that launched this process
     (``JPY_PARENT_PID``, this process's parent) is gone, the relay is asked to stop."""
-    parent = int(os.environ.get("JPY_PARENT_PID") or 0)
-    parent = parent if parent == os.getppid() else 0
+    named = os.environ.get("JPY_PARENT_PID", "")
+    parent = int(named) if named.isdigit() and int(named) == os.getppid() else 0
     sock.settimeout(None)
     while True:
         ready, _, _ = select.select([sock], [], [], 1.0)
