@@ -432,7 +432,7 @@ class Zygote:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True, name="host-kernel-launcher").start()
-        from .__main__ import run
+        from ._run import run
 
         try:
             code = run(request["argv"])
@@ -459,7 +459,7 @@ def preload() -> None:
     """Everything a relay imports, from its start to its first cells."""
     import importlib
 
-    for name in ("host_kernel.control.__main__", "host_kernel.control.relay",
+    for name in ("host_kernel.control._run", "host_kernel.control.relay",
                  "host_kernel.host._relay_support", "host_kernel.host._pool",
                  "host_kernel.factory._client", "host_kernel.factory._adopt",
                  "host_kernel.lineage.graph", "host_kernel.lineage.slice",
