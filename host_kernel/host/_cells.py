@@ -24,7 +24,7 @@ from ..lineage.flow import TRACED
 from ..sandbox.client import SandboxError
 from ._bash import Redactor, kill_group
 from ._generations import Generations
-from ._keep import Copied, InputKeeper, KeptInputs
+from ._keep import CopyPass, InputKeeper, KeptInputs
 from ._kernel import KernelGeneration
 from ._lineage import CellIO, SessionLineage
 from ._outputs import CellRun, Outputs, execution_count
@@ -319,14 +319,14 @@ class CellRunner:
                                               since_wall_ns=running.start_wall_ns)
             except SandboxError as exc:  # the generation ended (the kernel died)
                 body["lineage_error"] = f"trace: {exc}"
-        copied: list[Copied] = []
+        copied = CopyPass()
         own: KeptInputs | None = None
         if traced is not None or self.generations.trace is None:  # what lineage is fed
             seen = traced.access() if traced is not None else access
             reads = seen.get("reads") if isinstance(seen, dict) else None
             try:
-                copied = self.keeper.copy([*(reads if isinstance(reads, list) else ()),
-                                           *running.io.reads])
+                copied = self.keeper.copy_reads([*(reads if isinstance(reads, list) else ()),
+                                                 *running.io.reads])
             except Exception as exc:  # noqa: BLE001 - keeping inputs never blocks a cell's record
                 own = KeptInputs(errors=[f"{type(exc).__name__}: {exc}"])
         try:
@@ -335,7 +335,9 @@ class CellRunner:
                 self.lineage.cell_finished(running.cell_id, running.code, traced.access(),
                                            running.io, method=TRACED)
             elif self.generations.trace is None:
-                self.lineage.cell_finished(running.cell_id, running.code, access, running.io)
+                # The keys the keeper's own stat just found equal to cached ones: no second stat.
+                self.lineage.cell_finished(running.cell_id, running.code, access, running.io,
+                                           known=copied.keys)
         except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
             body["lineage_error"] = f"{type(exc).__name__}: {exc}"
         if copied:

@@ -37,6 +37,7 @@ import errno
 import hashlib
 import itertools
 import os
+import re
 import secrets
 import tempfile
 import threading
@@ -51,7 +52,8 @@ from .._errors import HostCallError, PathRefused
 from ..store.blobs import CHUNK, BlobRef, FileBlobStore, open_beneath
 from ._workspace import FileStat, HashCache, Workspace, cached_hash, settled, stat_key
 
-__all__ = ["DEFAULT_INPUT_BUDGET", "Copied", "InputKeeper", "KeptInputs", "store_file"]
+__all__ = ["DEFAULT_INPUT_BUDGET", "Copied", "CopyPass", "InputKeeper", "KeptInputs", "Known",
+           "store_file"]
 
 #: Bytes of input files one session keeps by default.
 DEFAULT_INPUT_BUDGET = 4 * 2**30
@@ -78,6 +80,33 @@ class Copied:
     #: while lineage leaves that very entry in place, lineage's sha is its sha, and the
     #: report need not look at the file again.
     entry: tuple[FileStat, str, int] | None = field(default=None, compare=False, repr=False)
+
+
+#: A read the copy pass found kept already, with nothing to do: (its path, the hash cache's
+#: entry for it, whose key is the read's stamp or the Host's own stat of the file). A cell
+#: reading ten thousand files it read before gets one of these per read, not a Copied.
+Known = tuple[str, tuple[FileStat, str, int]]
+
+
+@dataclass(slots=True)
+class CopyPass:
+    """What :meth:`InputKeeper.copy_reads` did for a cell's reads, in their order."""
+
+    #: One per candidate read: a :class:`Copied` (looked at, stored, or not kept), or a
+    #: :data:`Known` (kept already: nothing looked at, or one stat).
+    items: list[Copied | Known] = field(default_factory=list)
+    #: Path -> the stat key the Host itself took for a read it found kept already (an
+    #: untraced read: no stamp), equal to the cached key: lineage may take the cached hash
+    #: for it without a second stat (``cached_hash``'s ``known``).
+    keys: dict[str, FileStat] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def copied(self) -> list[Copied]:
+        """Every item as a :class:`Copied` (a :data:`Known` as the copy of nothing)."""
+        return [c if isinstance(c, Copied) else Copied(c[0], None, c[1][0][0], entry=c[1])
+                for c in self.items]
 
 
 @dataclass(slots=True)
@@ -135,11 +164,14 @@ def _copy_into(src: int, dst: int, size: int) -> None:
         left -= n
 
 
+#: A path that may have a part that is empty, ``.``, ``..`` or ``__pycache__`` (or is empty,
+#: or absolute): ``//``, ``__pycache__``, a leading or trailing ``/``, or a ``.``/``..`` part.
+_ODD = re.compile(r"\A\Z|\A/|/\Z|//|__pycache__|(?:\A|/)\.\.?(?:/|\Z)")
+
+
 def _odd(rel: str) -> bool:
     """Whether ``rel`` may have a part that is empty, ``.``, ``..`` or ``__pycache__``."""
-    return (not rel or rel[0] == "/" or rel[-1] == "/" or "//" in rel or "__pycache__" in rel
-            or rel in (".", "..") or rel.startswith(("./", "../"))
-            or rel.endswith(("/.", "/..")) or "/./" in rel or "/../" in rel)
+    return _ODD.search(rel) is not None
 
 
 def store_file(store: FileBlobStore, src: BufferedReader, size: int) -> BlobRef:
@@ -352,12 +384,19 @@ class InputKeeper:
         folder, one that resolves inside the workspace and outside the record. Each copy
         checks its path again, fully (:meth:`_copy_one`); this is the cheap sieve."""
         out: list[str] = []
-        for rel in dict.fromkeys(r for r in reads if isinstance(r, str)):
-            parts = rel.split("/") if _odd(rel) else ()  # most are plain (the tracer's are)
+        odd, record = _ODD.search, self._record_prefix
+        for rel in dict.fromkeys([r for r in reads if isinstance(r, str)]):
+            if odd(rel) is None:  # most are plain (the tracer's are)
+                if record is None or not rel.startswith(record):
+                    out.append(rel)
+                    continue
+                parts: list[str] | tuple[()] = ()
+            else:
+                parts = rel.split("/")
             if "__pycache__" in parts:
                 continue
             if any(p in ("", ".", "..") for p in parts) or (
-                    self._record_prefix is not None and rel.startswith(self._record_prefix)):
+                    record is not None and rel.startswith(record)):
                 try:
                     real = self.workspace.resolve(rel)
                 except HostCallError:
@@ -370,31 +409,50 @@ class InputKeeper:
     # -- the copy pass (before lineage hashes the reads)
 
     def copy(self, reads: Iterable[object]) -> list[Copied]:
+        """:meth:`copy_reads`, each read as a :class:`Copied`."""
+        return self.copy_reads(reads).copied()
+
+    def copy_reads(self, reads: Iterable[object]) -> CopyPass:
         """Store the bytes of each read not kept yet, within the budget; the hash of each
-        stored file goes into the hash cache. Returns one :class:`Copied` per candidate.
+        stored file goes into the hash cache. One item per candidate, in order.
 
         A read whose stamp (the stat key the tracer saw at its open, handed over with
         these reads: :class:`~host_kernel.host._workspace.OpenStamps`) is the key of a
-        cached hash whose bytes are kept costs nothing more: no file is looked at. Small
-        files not kept yet are stored as one batch (:class:`_Batch`): one flush of the
-        file system for all of them instead of two ``fsync`` calls each."""
+        cached hash whose bytes are kept costs nothing more: no file is looked at, and its
+        item is a :data:`Known`; without a stamp, one ``stat`` (its key goes in
+        :attr:`CopyPass.keys`). Small files not kept yet are stored as one batch
+        (:class:`_Batch`): one flush of the file system for all of them instead of two
+        ``fsync`` calls each."""
         reads = list(reads)
         rels = self.candidates(reads)
+        out = CopyPass()
         if not rels:
-            return []
+            return out
         if self.budget <= 0:
-            return [Copied(rel, None, 0) for rel in rels]
+            out.items = [Copied(rel, None, 0) for rel in rels]
+            return out
         stamps = self.workspace.stamps.for_reads(reads)
-        done: dict[str, Copied] = {}
-        todo: list[str] = []
+        cache, stored = self.cache, self._stored
+        items: list[Copied | Known | None] = []
+        todo: list[tuple[int, str]] = []
         for rel in rels:
-            known = self._kept_already(rel, stamps.get(rel))
-            if known is None:
-                todo.append(rel)
-            else:
-                done[rel] = known
+            hit = cache.get(rel)
+            if hit is not None and hit[1] in stored:
+                stamp = stamps.get(rel)
+                if stamp is not None:
+                    if stamp == hit[0]:
+                        # The open found the file under the key its cached hash was taken with.
+                        items.append((rel, hit))
+                        continue
+                elif self._stat_matches(rel, hit[0]):
+                    out.keys[rel] = hit[0]
+                    items.append((rel, hit))
+                    continue
+            todo.append((len(items), rel))
+            items.append(None)
         if len(todo) == 1:
-            done[todo[0]] = self._copy_one(todo[0])
+            i, rel = todo[0]
+            items[i] = self._copy_one(rel)
         elif todo:
             store = self._store()
             # A store of another kind (one that mirrors each put elsewhere) puts one by one.
@@ -402,32 +460,28 @@ class InputKeeper:
             # A few threads, each with its share of the files in turn (not a task per file).
             workers = min(WORKERS, len(todo))
             shares = [todo[i::workers] for i in range(workers)]
+            done: dict[str, Copied] = {}
             try:
                 with ThreadPoolExecutor(workers, thread_name_prefix="keep-input") as pool:
                     for share, found in zip(shares, pool.map(
-                            lambda share: [self._copy_one(rel, batch) for rel in share],
+                            lambda share: [self._copy_one(rel, batch) for _, rel in share],
                             shares), strict=True):
-                        done.update(zip(share, found, strict=True))
+                        done.update(zip((rel for _, rel in share), found, strict=True))
             finally:
                 if batch is not None:
                     self._settle(batch, done)
-        return [done[rel] for rel in rels]
+            for i, rel in todo:
+                items[i] = done[rel]
+        out.items = items  # type: ignore[assignment]  # every None was filled above
+        return out
 
-    def _kept_already(self, rel: str, stamp: FileStat | None = None) -> Copied | None:
-        """A read whose bytes are known (hash cache, same stat key) and kept: with the read's
-        stamp, no I/O at all; without, a stat."""
-        hit = self.cache.get(rel)
-        if hit is None or hit[1] not in self._stored:
-            return None
-        if stamp is not None:
-            # The open found the file under the key its cached hash was taken with.
-            return Copied(rel, None, stamp[0], entry=hit) if stamp == hit[0] else None
+    def _stat_matches(self, rel: str, key: FileStat) -> bool:
+        """Whether ``rel``'s stat key (no symlink followed) is ``key`` now: one stat."""
         try:
-            key = stat_key(os.stat(os.path.join(self.workspace.root, rel),
-                                   follow_symlinks=False))
+            st = os.stat(os.path.join(self.workspace.root, rel), follow_symlinks=False)
         except OSError:
-            return None
-        return Copied(rel, None, key[0], entry=hit) if key == hit[0] else None
+            return False
+        return stat_key(st) == key
 
     def _open(self, rel: str) -> BufferedReader | None:
         """``rel`` opened beneath the root with no symlink followed, checked to be a regular
@@ -534,24 +588,34 @@ class InputKeeper:
 
     # -- the report (after lineage hashed the reads)
 
-    def report(self, copied: Iterable[Copied]) -> KeptInputs:
+    def report(self, copied: Iterable[Copied | Known] | CopyPass) -> KeptInputs:
         """Each read as lineage hashed it (the hash cache's answer): kept when the store
         holds those bytes, else by hash only; bytes copied that lineage does not name (the
         file changed after the copy) are listed as kept under their own sha."""
         out = KeptInputs()
-        for c in copied:
+        cache, stored, kept = self.cache, self._stored, out.kept
+        for c in (copied.items if isinstance(copied, CopyPass) else copied):
+            if not isinstance(c, Copied):
+                rel, entry = c  # a Known
+                if cache.get(rel) is entry:
+                    # Lineage left the very entry the pass found kept: its sha is lineage's.
+                    size = stored.get(entry[1])
+                    if size is not None:
+                        kept[(rel, entry[1])] = size
+                        continue
+                c = Copied(rel, None, entry[0][0], entry=entry)
             if c.error is not None:
                 out.errors.append(c.error)
             if c.sha256 is not None:
-                out.kept[(c.path, c.sha256)] = c.size
-            now = self.cache.get(c.path)
+                kept[(c.path, c.sha256)] = c.size
+            now = cache.get(c.path)
             found = (now[:2] if now is not None and now is c.entry
-                     else cached_hash(self.workspace.root, c.path, self.cache))
+                     else cached_hash(self.workspace.root, c.path, cache))
             if found is None:
                 continue  # gone, or no longer a regular file: lineage has no sha either
             key, sha = found
-            if sha in self._stored:
-                out.kept[(c.path, sha)] = self._stored[sha]
+            if sha in stored:
+                kept[(c.path, sha)] = stored[sha]
             else:
                 out.by_hash_only[(c.path, sha)] = key[0]  # the size of the bytes hashed
         return out
@@ -559,7 +623,7 @@ class InputKeeper:
     def keep(self, reads: Iterable[object]) -> KeptInputs:
         """Copy, then report at once: for reads lineage hashes right after (a command's)."""
         try:
-            return self.report(self.copy(reads))
+            return self.report(self.copy_reads(reads))
         except Exception as exc:  # noqa: BLE001 - keeping is evidence, never blocks the call
             failed = KeptInputs()
             failed.errors.append(f"{type(exc).__name__}: {exc}")

@@ -21,7 +21,7 @@ only (docs/lineage.md), never acceptance evidence.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 from .._errors import HostCallError
 from ..lineage.flow import OBSERVED, RECEIPT, TRACED, FlowTracker, Source, file_key
 from ..lineage.statements import observe
-from ._workspace import HashCache, Workspace, cached_hash, cached_sha256, file_sha256
+from ._workspace import FileStat, HashCache, Workspace, cached_hash, cached_sha256, file_sha256
 
 __all__ = ["CellIO", "SessionLineage", "read_source"]
 
@@ -144,9 +144,11 @@ class SessionLineage:
         return out
 
     def _sources(self, cell_id: str, reads: Sequence[str], io: CellIO, when: str,
-                 method: str = OBSERVED) -> list[tuple[str, Source]]:
+                 method: str = OBSERVED,
+                 known: Mapping[str, FileStat] | None = None) -> list[tuple[str, Source]]:
         """(path it was read at, source) for each direct read of the cell; ``method``
-        says how the reads were found (traced by the Host, or reported by the kernel)."""
+        says how the reads were found (traced by the Host, or reported by the kernel);
+        ``known`` as for :meth:`cell_finished`."""
         out: list[tuple[str, Source]] = []
         for artifact_id, path, sha in io.loads:
             out.append((path, Source(f"artifact:{artifact_id}", OBSERVED, cell_id, sha)))
@@ -158,14 +160,17 @@ class SessionLineage:
         # file the Host itself read or wrote for the cell is looked at again.
         stamps = self.workspace.stamps.for_reads(reads) if method == TRACED else {}
         by_host = set(io.reads).union(io.writes) if stamps else set()
-        cache, hashed_at = self.hash_cache, self.hashed_at
+        known = known or {}
+        cache, hashed_at, root = self.hash_cache, self.hashed_at, self.workspace.root
+        materialised, artifact_bytes, writers = (self.materialised, self.artifact_bytes,
+                                                 self.writers)
         for rel in dict.fromkeys([*reads, *io.reads]) if io.reads else dict.fromkeys(reads):
             stamp = stamps.get(rel)
             hit = cache.get(rel) if stamp is not None else None
             if hit is not None and hit[0] == stamp and rel not in by_host:
                 found = hit[1]  # the open found the bytes hashed under its key
             else:
-                hashed = cached_hash(self.workspace.root, rel, cache)
+                hashed = cached_hash(root, rel, cache, known.get(rel))
                 if hashed is None:
                     continue  # opened but gone, or a failed open
                 key, found = hashed
@@ -174,7 +179,10 @@ class SessionLineage:
                     # (The key the bytes were hashed under, cached or not: a file too fresh
                     # to be cached, host/_workspace.py ``settled``, is not a change.)
                     self.changed_after_read.add((file_key(rel), found, cell_id))
-            direct = self._file_source(rel, found, method, cell_id)
+            if rel in materialised or found in artifact_bytes or rel in writers:
+                direct = self._file_source(rel, found, method, cell_id)
+            else:
+                direct = Source(file_key(rel), method, cell_id, found)  # as _file_source would
             hashed_at.setdefault((direct.key, direct.sha256), when)
             out.append((rel, direct))
         return out
@@ -202,12 +210,16 @@ class SessionLineage:
         self.tracker.forget_names()
 
     def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO,
-                      method: str = OBSERVED) -> None:
+                      method: str = OBSERVED, *,
+                      known: Mapping[str, FileStat] | None = None) -> None:
+        """Feed a finished cell. ``known``: path -> a stat key the Host itself took of the
+        file since the cell ended (the input keeper's), for ``cached_hash`` to use instead
+        of taking another."""
         reads, writes, renames, removes = self._access(access)
         writes = list(dict.fromkeys([*writes, *io.writes, *(p for _, p, _ in io.loads)]))
         for artifact_id, path, sha in io.loads:
             self.materialised[path] = (artifact_id, sha)
-        sources = self._sources(cell_id, reads, io, "cell_end", method)
+        sources = self._sources(cell_id, reads, io, "cell_end", method, known)
         for rel in writes:
             loaded = self.materialised.get(rel)
             root = self.workspace.root

@@ -171,13 +171,15 @@ class TraceLog:
         cell's own end (a ``save_artifact`` in the middle of the cell)."""
         with self._lock:
             self._pull()
-            mine: list[tuple[Any, ...]] = []
-            left: list[tuple[Any, ...]] = []
-            for a in self._pending:
-                if a[1] == KERNEL and (end_ns is None or a[0] <= end_ns):
-                    mine.append(a)
-                else:
-                    left.append(a)
+            pending = self._pending
+            if end_ns is None:
+                mine = [a for a in pending if a[1] == KERNEL]
+            else:
+                mine = [a for a in pending if a[1] == KERNEL and a[0] <= end_ns]
+            # Most often every access is the kernel's and in the window: nothing is left.
+            left = ([] if len(mine) == len(pending) else
+                    [a for a in pending if not (a[1] == KERNEL and (end_ns is None
+                                                                    or a[0] <= end_ns))])
             if consume:
                 self._pending = left
             dropped = self.dropped
@@ -248,9 +250,34 @@ class TraceLog:
                 changed.setdefault(raw, set()).add(how)
             return raw
 
-        for access in sorted(accesses, key=lambda a: a[0]):
+        inside, root, cut = self._inside, self._root, len(self._root)
+        record, record_path = self._record, self._record[:-1]
+        for access in sorted(accesses, key=_at):
             kind = access[2]
-            rel = self._relative(access[3])
+            path = access[3]
+            if kind == READ:
+                # The common access, inline: what _relative and the branches below do for it.
+                if (not path.startswith(root) or path.startswith(record)
+                        or path == record_path or len(path) == cut):
+                    continue
+                rel = path[cut:]
+                if "__pycache__/" in path:
+                    rel = _source_of_bytecode(rel)
+                    reads[rel] = None
+                    if len(access) > 4:
+                        stamps.pop(rel, None)  # a bytecode read's stamp is not its source's
+                    continue
+                reads[rel] = None
+                if len(access) > 4:
+                    # The latest sighting's stamp (sorted by time).
+                    stamp = access[4]
+                    if stamp is not None:
+                        stamps[rel] = stamp
+                    else:
+                        stamps.pop(rel, None)
+                continue
+            raw = inside(path)
+            rel = _source_of_bytecode(raw) if raw else None
             if kind == WRITE:
                 note(access[3], WROTE)
             elif kind == READ_WRITE:
@@ -321,6 +348,11 @@ class TraceLog:
         # The change time, not the modification time: a process can set the latter back
         # (os.utime) but never the former.
         return st.st_ctime_ns >= since_wall_ns - SLACK_NS
+
+
+def _at(access: tuple[Any, ...]) -> int:
+    """When an access was stamped (monotonic ns): the order accesses are shaped in."""
+    return access[0]  # type: ignore[no-any-return]
 
 
 def _paths(access: tuple[Any, ...]) -> tuple[str, ...]:
