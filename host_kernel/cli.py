@@ -168,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``host-kernel`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     command: str | None = None
     words = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and words[:1] == ["exec"]:
+        # The command run in a process the user's zygote forks with the Host imported
+        # (host_kernel/control/_zygote.py), where one serves this launch; else here.
+        from ._launch import launch
+
+        code = launch(words, entry="cli")
+        if code is not None:
+            return code
     try:
         parser = build_parser(_commands_for(words))
         try:

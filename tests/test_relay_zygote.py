@@ -23,7 +23,7 @@ from _helpers import wait_for
 from test_control_kernel import RelayKernel, alive, kernelspecs
 from test_factory import Served
 
-from host_kernel.control._zygote import _socket_path
+from host_kernel._launch import socket_path
 from host_kernel.factory._place import DIR_ENV, FACTORY_ENV, Place
 from host_kernel.host._kernel import pinned
 from host_kernel.sandbox.landlock import abi_version
@@ -51,7 +51,7 @@ class Zygote:
         argv = pinned("host_kernel.control._zygote")
         argv.insert(1, "-P")  # as the launcher starts it
         self.place = Place(folder)
-        self.socket = _socket_path(self.place)
+        self.socket = socket_path(self.place)
         self.proc = subprocess.Popen([*argv, "--foreground", "--folder", str(folder),
                                       "--idle", str(idle)], cwd="/",
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -257,3 +257,39 @@ def test_a_relay_stops_when_its_frontend_is_gone(world: tuple[Served, Zygote],
         for pid in (launcher, *relays):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------- host-kernel exec
+
+
+def _notebook(path: Path, *sources: str) -> Path:
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    path.write_text(nbformat.writes(new_notebook(cells=[new_code_cell(s) for s in sources])))
+    return path
+
+
+def test_exec_is_forked_by_the_zygote_and_ends_as_it_would(
+        world: tuple[Served, Zygote], roots: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``host-kernel exec`` (the console script, as a user types it): output, exit status
+    and the record as a process of its own would leave them, run in a fork of the zygote."""
+    _, zygote = world
+    script = Path(sys.executable).with_name("host-kernel")
+    if not script.exists():
+        pytest.skip(f"LOUD SKIP: no console script beside {sys.executable} (not pip-installed)")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = roots / "ws"
+    good = _notebook(ws / "good.ipynb", "import os\nprint('ran in', os.getcwd())")
+    bad = _notebook(ws / "bad.ipynb", "raise ValueError('as planned')")
+    ok = subprocess.run([str(script), "exec", str(good)], cwd=ws, capture_output=True,
+                        text=True, timeout=180, stdin=subprocess.DEVNULL, check=False)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert f"ran in {ws}" in ok.stdout and "not forked" not in ok.stderr, ok
+    failed = subprocess.run([str(script), "exec", str(bad)], cwd=ws, capture_output=True,
+                            text=True, timeout=180, stdin=subprocess.DEVNULL, check=False)
+    assert failed.returncode == 1, failed
+    assert "ValueError" in failed.stdout + failed.stderr
+    log = zygote.stop()
+    assert log.count("for cli") == 2, log

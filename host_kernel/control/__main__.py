@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .._launch import launch
 from ._run import run
-from ._zygote import launch
 
 __all__ = ["main"]
 

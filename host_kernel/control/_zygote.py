@@ -35,193 +35,16 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..factory._place import Place
+from .._launch import ENTRIES, REPLY_TIMEOUT, read_line, socket_path, startup
 
-__all__ = ["launch", "main", "startup"]
+__all__ = ["Zygote", "main"]
 
-#: Seconds a launching process waits to connect, then for the fork's answer.
-CONNECT_TIMEOUT = 1.0
-REPLY_TIMEOUT = 5.0
 #: Seconds the zygote stays with no relay and no factory (one may be starting).
 FACTORY_GRACE = 10.0
 #: Namespaces a launching process must share with the zygote.
 NAMESPACES = ("mnt", "pid", "net", "user", "uts", "ipc", "cgroup")
-#: Variables Python reads once, at start (with these, ``PYTHON*``).
-STARTUP_VARS = ("LANG", "HOME")
-#: Signals the launching process passes on to its relay.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2)
-
-
-def startup() -> dict[str, Any]:
-    """What this interpreter's start decided, as JSON: two processes that agree on it
-    import the same modules the same way."""
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(("PYTHON", "LC_")) or k in STARTUP_VARS}
-    facts = {"python": sys.executable, "path": sys.path, "flags": list(sys.flags),
-             "xoptions": sorted(sys._xoptions.items()), "warnoptions": sys.warnoptions,
-             "env": env}
-    out: dict[str, Any] = json.loads(json.dumps(facts, default=str))
-    return out
-
-
-def _socket_path(place: Place) -> Path:
-    return Path(place.folder) / place.socket.name.replace("factory-", "relay-", 1)
-
-
-def _line(sock: socket.socket, limit: int = 1 << 20,
-          deadline: float | None = None) -> tuple[bytes, list[int]]:
-    """One newline-ended message of at most ``4 * limit`` bytes, and the descriptors
-    that came with its first part; by ``deadline`` (``time.monotonic``), if given."""
-    import time
-
-    data, fds, _, _ = socket.recv_fds(sock, limit, 4)
-    while data and not data.endswith(b"\n"):
-        left = None if deadline is None else deadline - time.monotonic()
-        if len(data) > 4 * limit or (left is not None and left <= 0):
-            for fd in fds:
-                os.close(fd)
-            raise ValueError("a message too long or too slow")
-        if left is not None:
-            sock.settimeout(left)
-        more = sock.recv(limit)
-        if not more:
-            break
-        data += more
-    return data, list(fds)
-
-
-class _NotServed(Exception):
-    pass
-
-
-# ---------------------------------------------------------------------- the launching side
-
-
-def launch(argv: list[str]) -> int | None:
-    """Run this control kernel in a relay the zygote forks: its exit status; None when it
-    is not served (the caller runs the relay itself)."""
-    from ..factory._place import FactoryUnavailable, Place, disabled
-
-    if disabled():
-        return None
-    try:
-        place = Place()
-        place.ensure()
-    except FactoryUnavailable:
-        return None
-    path = _socket_path(place)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_TIMEOUT)
-    try:
-        sock.connect(str(path))
-    except OSError:
-        sock.close()
-        _start(place)  # for the next launch (a restart is the next)
-        return None
-    try:
-        return _served(sock, argv)
-    except _NotServed as why:
-        sys.stderr.write(f"host_kernel: relay started here, not forked ({why})\n")
-        return None
-    except (OSError, ValueError) as exc:  # a zygote that died or answered nonsense
-        sys.stderr.write(f"host_kernel: relay started here, not forked ({exc})\n")
-        return None
-    finally:
-        sock.close()
-
-
-def _served(sock: socket.socket, argv: list[str]) -> int:
-    request = {"argv": argv, "argv0": sys.argv[0] if sys.argv else "", "cwd": os.getcwd(),
-               "env": dict(os.environ), "umask": _umask(), "startup": startup()}
-    sock.settimeout(REPLY_TIMEOUT)
-    socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-    data, fds = _line(sock)
-    reply = json.loads(data)
-    if not isinstance(reply, dict) or "pid" not in reply or len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        raise _NotServed(reply.get("refused") if isinstance(reply, dict) else "no answer")
-    relay = fds[0]  # a pidfd: signals reach this relay, never a recycled pid
-    sock.sendall(b"go\n")  # from here on the relay is this kernel's; no turning back
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            signal.pidfd_send_signal(relay, signum)
-        except OSError:
-            pass  # already gone
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    code = _wait(sock, relay, forward)
-    os.close(relay)
-    if not isinstance(code, int):
-        code = 1
-    if code < 0:  # killed by a signal: end the same way
-        for signum in FORWARDED:
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    return code
-
-
-def _wait(sock: socket.socket, relay: int, forward: Any) -> object:
-    """The relay's exit status, as the zygote reports it (None if it cannot). Meanwhile,
-    as ipykernel and a launched relay do: when the frontend that launched this process
-    (``JPY_PARENT_PID``, this process's parent) is gone, the relay is asked to stop."""
-    named = os.environ.get("JPY_PARENT_PID", "")
-    parent = int(named) if named.isdigit() and int(named) == os.getppid() else 0
-    sock.settimeout(None)
-    while True:
-        ready, _, _ = select.select([sock], [], [], 1.0)
-        if ready:
-            try:
-                data, _ = _line(sock)
-                return json.loads(data)["exit"] if data else _ended(relay)
-            except (OSError, ValueError, KeyError, TypeError):
-                return _ended(relay)
-        if parent and os.getppid() != parent:
-            forward(signal.SIGTERM, None)
-            parent = 0
-
-
-def _ended(relay: int) -> int:
-    """The zygote is gone before it said how the relay ended: wait for the relay itself
-    (its status is the zygote's to know: 1)."""
-    select.select([relay], [], [])
-    return 1
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _start(place: Any) -> None:
-    """Start the zygote in the background (it detaches; of two started at once, the second
-    finds the lock taken and exits)."""
-    import subprocess
-    import threading
-
-    from ..host._kernel import pinned
-
-    argv = pinned("host_kernel.control._zygote")
-    argv.insert(1, "-P")  # as the kernelspec's launch: no start folder on the path
-    try:
-        with open(_socket_path(place).with_suffix(".log"), "ab") as log:
-            proc = subprocess.Popen([*argv, "--folder", str(place.folder)],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
-                                    start_new_session=True, close_fds=True)
-    except OSError:
-        return  # the next launch runs its own relay too
-    # It forks and its first process exits at once: reap that one, off this launch's path.
-    threading.Thread(target=proc.wait, daemon=True, name="host-kernel-zygote-start").start()
-
-
-# ---------------------------------------------------------------------- the zygote
 
 
 class Zygote:
@@ -233,7 +56,7 @@ class Zygote:
 
         self.place = place
         self.lock = lock
-        self.path = _socket_path(place)
+        self.path = socket_path(place)
         self.idle = idle
         self._time = time.monotonic
         self._last = time.monotonic()
@@ -293,7 +116,7 @@ class Zygote:
             from ..factory._server import peer_refusal
 
             why = peer_refusal(conn)
-            data, fds = _line(conn, deadline=self._time() + REPLY_TIMEOUT)
+            data, fds = read_line(conn, deadline=self._time() + REPLY_TIMEOUT)
             request = json.loads(data)
             pid = self._peer_pid(conn)
             why = why or self._refusal(request, pid, fds)
@@ -331,6 +154,11 @@ class Zygote:
         differ = sorted(k for k in self._facts if self._facts[k] != theirs.get(k))
         if differ:
             return "its interpreter started otherwise than the zygote's: " + ", ".join(differ)
+        if request.get("entry") not in ENTRIES:
+            return "a garbled request"
+        why = self._path_refusal(request.get("path"))
+        if why is not None:
+            return why
         for name in NAMESPACES:
             if _read(f"/proc/{pid}/ns/{name}", link=True) != _read(f"/proc/self/ns/{name}",
                                                                      link=True):
@@ -345,6 +173,30 @@ class Zygote:
                 and isinstance(request.get("env"), dict) and isinstance(request.get("cwd"), str)
                 and isinstance(request.get("umask"), int)):
             return "a garbled request"
+        return None
+
+    @staticmethod
+    def _path_refusal(path: object) -> str | None:
+        """Why the launch's ``sys.path`` would import otherwise than the fork's, or None.
+
+        The same as the zygote's, or that with one folder ahead (a script's own folder, as
+        the ``host-kernel`` console script has its bin folder) that holds nothing by the
+        name of a module the zygote has imported: the fork then takes that path, and every
+        import resolves as it would have in the launch."""
+        if not isinstance(path, list) or not all(isinstance(p, str) for p in path):
+            return "a garbled request"
+        if path == sys.path:
+            return None
+        if path[1:] != sys.path or not path[0]:
+            return "its import path differs from the zygote's"
+        try:
+            names = os.listdir(path[0])
+        except OSError:
+            return None  # nothing importable there
+        top = {m.partition(".")[0] for m in sys.modules}
+        shadows = sorted({n.partition(".")[0] for n in names} & top)
+        if shadows:
+            return f"{path[0]} ahead on its import path holds {shadows[0]!r}, imported already"
         return None
 
     def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
@@ -374,7 +226,7 @@ class Zygote:
         pidfd = os.pidfd_open(child)
         try:
             socket.send_fds(conn, [json.dumps({"pid": child}).encode() + b"\n"], [pidfd])
-            ack, _ = _line(conn, 64, deadline=self._time() + REPLY_TIMEOUT)
+            ack, _ = read_line(conn, 64, deadline=self._time() + REPLY_TIMEOUT)
             if ack.strip() != b"go":
                 raise OSError("the launching process went away")
             os.write(go_w, b"g")
@@ -383,6 +235,9 @@ class Zygote:
         finally:
             os.close(go_w)
         conn.settimeout(None)
+        sys.stderr.write(f"host_kernel zygote: forked {child} for {request['entry']} "
+                         f"(pid {pid})\n")
+        sys.stderr.flush()
         self._children[pidfd] = (child, conn)
         self._sel.register(pidfd, selectors.EVENT_READ)
 
@@ -426,14 +281,19 @@ class Zygote:
         os.environ.update({str(k): str(v) for k, v in request["env"].items()})
         tempfile.tempdir = None
         sys.argv = [str(request.get("argv0") or "host_kernel.control"), *request["argv"]]
+        sys.path[:] = request["path"]
+        sys.executable = str(request.get("executable") or sys.executable)  # its name for it
+        _standard_streams()
 
         def watch() -> None:  # the launching process killed: so is its relay
             select.select([launcher], [], [])
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, daemon=True, name="host-kernel-launcher").start()
-        from ._run import run
-
+        if request["entry"] == "cli":
+            from ..cli import main as run
+        else:
+            from ._run import run
         try:
             code = run(request["argv"])
         except SystemExit as exc:  # argparse's refusal, as the process would have ended
@@ -443,6 +303,25 @@ class Zygote:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _standard_streams() -> None:
+    """``sys.stdin``, ``sys.stdout`` and ``sys.stderr`` over the launch's descriptors, as
+    the interpreter makes them at start (a terminal's stdout line-buffered, a pipe's not;
+    the encoding and error handling the same start-up gave the zygote)."""
+    import io
+
+    def text(fd: int, mode: str, old: Any, line: bool) -> io.TextIOWrapper:
+        raw = open(fd, mode + "b", buffering=-1, closefd=False)  # noqa: SIM115 - kept open
+        return io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors,
+                                line_buffering=line)
+
+    if sys.__stdin__ is not None:
+        sys.stdin = sys.__stdin__ = text(0, "r", sys.__stdin__, False)  # type: ignore[misc]
+    if sys.__stdout__ is not None:
+        sys.stdout = sys.__stdout__ = text(1, "w", sys.__stdout__, os.isatty(1))  # type: ignore[misc]
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__ = text(2, "w", sys.__stderr__, True)  # type: ignore[misc]
 
 
 def _read(path: str, *, link: bool = False) -> str:
@@ -459,7 +338,8 @@ def preload() -> None:
     """Everything a relay imports, from its start to its first cells."""
     import importlib
 
-    for name in ("host_kernel.control._run", "host_kernel.control.relay",
+    for name in ("host_kernel.control._run", "host_kernel.control.relay", "host_kernel.cli",
+                 "host_kernel._cli.exec", "host_kernel.host._host",
                  "host_kernel.host._relay_support", "host_kernel.host._pool",
                  "host_kernel.factory._client", "host_kernel.factory._adopt",
                  "host_kernel.lineage.graph", "host_kernel.lineage.slice",
@@ -487,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     except FactoryUnavailable as exc:
         sys.stderr.write(f"host_kernel zygote: {exc}\n")
         return 1
-    lock = os.open(_socket_path(place).with_suffix(".lock"),
+    lock = os.open(socket_path(place).with_suffix(".lock"),
                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
