@@ -68,7 +68,17 @@ def identity() -> dict[str, str]:
     it is now, by content (an edited or upgraded package is another factory's: a standby
     started from older code would run it; the same code checked out and installed, as a
     test run from a checkout and the kernelspec it installed have it, is the same)."""
-    return {"python": sys.executable, "version": __version__, "code": _fingerprint()}
+    return {"python": interpreter(), "version": __version__, "code": _fingerprint()}
+
+
+def interpreter() -> str:
+    """This interpreter, named so that the names one installation has for it agree: its
+    folder resolved, then the file it runs (``venv/bin/python`` and ``venv/bin/python3``,
+    the console scripts' shebang, are one; two virtual environments over one base
+    interpreter are two, since their folders differ)."""
+    real = os.path.realpath(sys.executable)
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)),
+                        os.path.basename(real))
 
 
 #: The package's files' stat fingerprint → their content's hash, for this process.
