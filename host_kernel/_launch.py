@@ -95,8 +95,8 @@ def launch(argv: list[str], entry: str = "control") -> int | None:
     None when it is not served (the caller runs it itself)."""
     from .factory._place import FactoryUnavailable, Place, disabled
 
-    if disabled():
-        return None
+    if disabled() or not hasattr(os, "pidfd_open"):
+        return None  # turned off, or not Linux (5.3 or later): no pidfds to pin a fork by
     try:
         place = Place()
         place.ensure()
