@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .cli import main
+from ._launch import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())

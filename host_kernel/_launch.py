@@ -1,7 +1,8 @@
 """The launching side of the user's zygote: a launch asks for a fork, or runs itself.
 
 ``python -m host_kernel.control`` (the kernelspec's process) and ``host-kernel exec``
-call :func:`launch` before anything heavy is imported. Where the user's zygote
+(:func:`console`, the console script) call :func:`launch` before anything heavy is
+imported. Where the user's zygote
 (host_kernel/control/_zygote.py, which says what is served and why) forks a process for
 the launch, this process stays the launch's: it passes signals on, watches its frontend,
 and exits with the fork's status. Otherwise :func:`launch` returns None and the caller
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .factory._place import Place
 
-__all__ = ["ENTRIES", "launch", "read_line", "socket_path", "startup"]
+__all__ = ["ENTRIES", "console", "launch", "read_line", "socket_path", "startup"]
 
 #: Seconds a launching process waits to connect, then for the fork's answer.
 CONNECT_TIMEOUT = 1.0
@@ -210,3 +211,17 @@ def _start(place: Any) -> None:
         return  # the next launch runs its own relay too
     # It forks and its first process exits at once: reap that one, off this launch's path.
     threading.Thread(target=proc.wait, daemon=True, name="host-kernel-zygote-start").start()
+
+
+def console() -> int:
+    """The ``host-kernel`` console script (and ``python -m host_kernel``): ``exec`` forked
+    by the user's zygote where one serves, before the command line is even imported;
+    anything else, or a launch not served, runs here (host_kernel/cli.py)."""
+    words = sys.argv[1:]
+    if words[:1] == ["exec"]:
+        code = launch(words, entry="cli")
+        if code is not None:
+            return code
+    from .cli import main
+
+    return main()

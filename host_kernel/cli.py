@@ -1,7 +1,8 @@
 """The ``host-kernel`` command line: one registry of subcommands over the Host's Python API.
 
 Owns the registry, argument parsing, the one error style and :func:`main`,
-the console entry point. It does no work of its own: ``exec`` drives a
+the command line (the console script, host_kernel/_launch.py ``console``, hands ``exec`` to
+the user's zygote first). It does no work of its own: ``exec`` drives a
 :class:`~host_kernel.Host` exactly as an agent would, one ``Host.execute``
 per code cell; ``ls`` and ``show`` print what :mod:`host_kernel.browse`
 reads. It does not own the record, the kernel or verification. The commands
@@ -168,14 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``host-kernel`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     command: str | None = None
     words = list(sys.argv[1:] if argv is None else argv)
-    if argv is None and words[:1] == ["exec"]:
-        # The command run in a process the user's zygote forks with the Host imported
-        # (host_kernel/control/_zygote.py), where one serves this launch; else here.
-        from ._launch import launch
-
-        code = launch(words, entry="cli")
-        if code is not None:
-            return code
     try:
         parser = build_parser(_commands_for(words))
         try:

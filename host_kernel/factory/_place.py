@@ -9,6 +9,7 @@ installations never share a factory), and the ``HOST_KERNEL_FACTORY*`` variables
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -63,12 +64,14 @@ def size() -> int:
         return DEFAULT_SIZE
 
 
-def identity() -> dict[str, str]:
+def identity(folder: Path | None = None) -> dict[str, str]:
     """What a Host and its factory must share: the interpreter, and the package's code as
     it is now, by content (an edited or upgraded package is another factory's: a standby
     started from older code would run it; the same code checked out and installed, as a
-    test run from a checkout and the kernelspec it installed have it, is the same)."""
-    return {"python": interpreter(), "version": __version__, "code": _fingerprint()}
+    test run from a checkout and the kernelspec it installed have it, is the same). With
+    the factory's ``folder``, the content's hash is remembered there for the next process
+    (:func:`_fingerprint`)."""
+    return {"python": interpreter(), "version": __version__, "code": _fingerprint(folder)}
 
 
 def interpreter() -> str:
@@ -85,15 +88,27 @@ def interpreter() -> str:
 _CONTENT: dict[str, str] = {}
 
 
-def _fingerprint() -> str:
+def _private(folder: Path) -> bool:
+    """Whether ``folder`` is a folder of this user's that no one else may enter."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def _fingerprint(folder: Path | None = None) -> str:
     """The package's files (and the compiled tracer's), hashed by content; computed once
     per process for as long as their names, sizes and change times stay (about 5 ms once,
-    1 ms after)."""
+    1 ms after). With the factory's ``folder`` (private to the user), once per such
+    stat fingerprint at all: each launch of the kernelspec or ``exec`` asks for it, and
+    reading every file would be a fifth of the launch's own cost (a changed file has
+    another size or change time, which the file system sets, so another fingerprint)."""
     files = []
     top = os.path.join(ROOT, "host_kernel")
-    for folder, dirs, names in os.walk(top):
+    for where, dirs, names in os.walk(top):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        files += [os.path.join(folder, n) for n in sorted(names) if n.endswith((".py", ".so"))]
+        files += [os.path.join(where, n) for n in sorted(names) if n.endswith((".py", ".so"))]
     spec = importlib.util.find_spec("_host_kernel_notify")  # the compiled tracer, top level
     if spec is not None and spec.origin:
         files.append(spec.origin)
@@ -105,6 +120,16 @@ def _fingerprint() -> str:
             continue
         stats.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n".encode())
     key = stats.hexdigest()
+    remembered = None
+    if key not in _CONTENT and folder is not None and _private(folder):
+        remembered = folder / f"code-{key[:32]}"
+        try:
+            with open(remembered, encoding="ascii") as f:
+                value = f.read(64).strip()
+            if len(value) == 16 and all(c in "0123456789abcdef" for c in value):
+                _CONTENT[key] = value
+        except (OSError, UnicodeDecodeError):
+            pass
     if key not in _CONTENT:
         content = hashlib.sha256()
         for path in files:
@@ -116,6 +141,15 @@ def _fingerprint() -> str:
             name = os.path.relpath(path, top) if path.startswith(top) else os.path.basename(path)
             content.update(f"{name}\0{len(data)}\0".encode() + data)
         _CONTENT[key] = content.hexdigest()[:16]
+        if remembered is not None:
+            tmp = remembered.with_name(f"{remembered.name}.{os.getpid()}.tmp")
+            try:
+                with open(tmp, "w", encoding="ascii") as f:
+                    f.write(_CONTENT[key] + "\n")
+                os.replace(tmp, remembered)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
     return _CONTENT[key]
 
 
@@ -125,7 +159,7 @@ class Place:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = folder if folder is not None else default_folder()
         #: This process's installation, as its factory must match it.
-        self.identity = ident = identity()
+        self.identity = ident = identity(self.folder)
         key = hashlib.sha256("\0".join(ident.values()).encode()).hexdigest()[:12]
         self.socket = self.folder / f"factory-{key}.sock"
         self.lock = self.folder / f"factory-{key}.lock"
