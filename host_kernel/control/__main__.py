@@ -14,7 +14,6 @@ import os
 import sys
 
 from .._launch import launch
-from ._run import run
 
 __all__ = ["main"]
 
@@ -24,7 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     where one serves (host_kernel/control/_zygote.py), else run here."""
     args = sys.argv[1:] if argv is None else argv
     code = launch(args)
-    return run(args) if code is None else code
+    if code is not None:
+        return code
+    from ._run import run  # only now: a forked launch never needs it here
+
+    return run(args)
 
 
 if __name__ == "__main__":
