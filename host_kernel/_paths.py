@@ -94,11 +94,11 @@ def user_site(env: Mapping[str, str]) -> str | None:
     would put on its path (and whose ``.pth`` files and ``usercustomize`` it would run),
     whether or not it exists; None where it would leave it out (``PYTHONNOUSERSITE``, a
     virtual environment without system site-packages, a set-uid start)."""
-    import sysconfig
-
     if (env.get("PYTHONNOUSERSITE") or _venv_without_user_site()
             or os.getuid() != os.geteuid() or os.getgid() != os.getegid()):
         return None
+    import sysconfig  # only now: a warm kernel calls this, and each import is traced
+
     base = env.get("PYTHONUSERBASE") or os.path.join(
         env.get("HOME") or os.path.expanduser("~"), ".local")
     scheme = f"{os.name}_user"
