@@ -90,6 +90,11 @@ class Generations:
         #: What the record says about tracing: {"status": "seccomp"} or why not.
         self.tracing: dict[str, Any] = {}
         self._standby: Standby | None = None
+        #: The first generation's kernel, handed its orders ahead (:meth:`hand_orders`), and
+        #: the ``warm`` body its ``generation_started`` will carry.
+        self._handed: tuple[KernelGeneration, dict[str, Any]] | None = None
+        #: Starts the call server (once, before any kernel is started or waited for).
+        self._listen: Callable[[], None] | None = None
         #: Why the pool did not serve this session (recorded with the first generation).
         self._pool_miss: str | None = None
         #: Where a warm kernel was sought ({"pool": id, "factory": bool}); None: nowhere.
@@ -120,16 +125,19 @@ class Generations:
     # ------------------------------------------------------------------ the launch
 
     def prepare(self, confinement: Confinement, hidden: list[str], session_id: str,
-                socket_path: Callable[[Path], str]) -> None:
+                socket_path: Callable[[Path], str],
+                listen: Callable[[], None] | None = None) -> None:
         """Decide how every generation is launched: the private folders (a standby's
         when the pool serves the session), the environment, and the confinement policy.
 
         ``hidden`` are the files and folders confined code may not read (the record, its
-        stores' secrets); ``socket_path`` starts the call server in the runtime folder
-        and returns its socket's path.
+        stores' secrets); ``socket_path`` returns the call socket's path in the runtime
+        folder; ``listen`` starts the call server there, which :meth:`start` does before
+        it starts (or waits for) any kernel. Without ``listen``, ``socket_path`` starts it.
         """
         options = self.options
         self._hidden = list(hidden)
+        self._listen = listen
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="hk-", dir=short_tempdir()))
         self._take_standby(confinement)
         if self._standby is not None:
@@ -252,6 +260,9 @@ class Generations:
 
     def start(self, reason: str) -> None:
         """Start the next generation (the first, or a restart), and record it."""
+        listen, self._listen = self._listen, None
+        if listen is not None:
+            listen()  # before any kernel of the session can call the Host
         previous = self.kernel
         generation = (self.prior if previous is None else previous.generation) + 1
         body: dict[str, Any] = {"generation": generation, "reason": reason}
@@ -269,7 +280,7 @@ class Generations:
             self._new_generation()
         self.trace = None
         kernel = self._swap_in_spare(generation, body) if previous is not None else None
-        if kernel is None and self._standby is not None:
+        if kernel is None and (self._standby is not None or self._handed is not None):
             kernel = self._adopt_standby(generation, body)
         if kernel is None:
             kernel = self._new_kernel(generation)
@@ -371,8 +382,39 @@ class Generations:
         return KernelGeneration(generation, token, folder / "kernel.json", self.workdir, env,
                                 self.options.startup_timeout, sandbox)
 
+    def hand_orders(self) -> None:
+        """Hand the first generation's orders to the standby now, when the session has one:
+        its kernel narrows and starts while the Host records the session's start, and
+        :meth:`start` then only waits for it. Nothing of the session runs before this
+        (the caller has read what it reads of the workspace), and the call server starts
+        only in :meth:`start`, so no call from this kernel reaches the Host before the
+        session's start is recorded."""
+        if self._standby is not None and self.kernel is None and self._handed is None:
+            self._handed = self._order_standby(self.prior + 1)
+
     def _adopt_standby(self, generation: int, body: dict[str, Any]) -> KernelGeneration | None:
         """The pool's standby, narrowed to this session; None (and why, recorded) if not."""
+        handed, self._handed = self._handed, None
+        if handed is not None and handed[0].generation != generation:
+            handed[0].stop()  # (not the generation it was ordered for: never the case)
+            handed = None
+        if handed is None:
+            handed = self._order_standby(generation)
+        if handed is None:
+            return None
+        kernel, warm = handed
+        try:
+            kernel.ready(self.options.startup_timeout)
+        except KernelError as exc:  # stopped; its folder holds the session's private one
+            self._pool_miss = f"the standby kernel failed: {exc}"
+            return None
+        body["warm"] = warm
+        return kernel
+
+    def _order_standby(self, generation: int
+                       ) -> tuple[KernelGeneration, dict[str, Any]] | None:
+        """The pool's standby, narrowed to this session and handed its orders, with the
+        ``warm`` body to record; None (and why, recorded) if it cannot serve."""
         standby, warm = self._standby, self._warm
         if standby is None or warm is None:
             return None
@@ -398,9 +440,9 @@ class Generations:
                 # were bound into its view, and handed over: the standby only enters it.
                 ruleset = standby.sandbox.narrow(policy, roots, keep=self._keep())
                 orders["ruleset"] = True
-            kernel = KernelGeneration.adopt(generation, token, standby.manager, standby.sandbox,
-                                            standby.hello, standby.orders_fd, orders,
-                                            self.options.startup_timeout, ruleset)
+            kernel = KernelGeneration.order(generation, token, standby.manager,
+                                            standby.sandbox, standby.hello, standby.orders_fd,
+                                            orders, ruleset)
         except (KernelError, SandboxError, LandlockError) as exc:
             standby.stop()  # its folder holds the session's private one: the Host keeps it
             self._pool_miss = f"the standby kernel failed: {exc}"
@@ -410,11 +452,10 @@ class Generations:
                 os.close(ruleset)
         os.close(standby.orders_fd)  # read by now: nothing more goes down that socket
         standby.orders_fd = -1
-        body["warm"] = {**warm, "used": True, "standby_started": standby.started,
+        return kernel, {**warm, "used": True, "standby_started": standby.started,
                         "handed_out": handed_out, "ready": was_ready,
                         "pool_writable": [] if standby.broad is None
                         else list(standby.broad.writable)}
-        return kernel
 
     # ------------------------------------------------------------------ the spare kernel
 
@@ -502,6 +543,9 @@ class Generations:
     def teardown(self) -> None:
         """Stop every kernel of the session (current, spare, retiring, standby) and remove
         the folders the session owns. Safe to call twice."""
+        if self._handed is not None:
+            handed, self._handed = self._handed, None
+            handed[0].stop()
         if self.kernel is not None:
             self.kernel.stop()
             self.kernel = None

@@ -134,7 +134,8 @@ class Host:
         self.record.blobs.sweep()
         try:
             hidden = [str(self.record_dir), *self.record.secret_files(), *opts.hide_paths]
-            self.generations.prepare(confinement, hidden, self.session_id, self._serve)
+            self.generations.prepare(confinement, hidden, self.session_id, self._socket_path,
+                                     self._listen)
             self.redactor.learn(self.generations.launch_env)
             self._begin_session()
         except BaseException:
@@ -143,10 +144,15 @@ class Host:
         self.state = HostState.OPEN
         return self
 
-    def _serve(self, runtime_dir: Path) -> str:
-        socket_path = str(runtime_dir / "host.sock")
-        self._server = CallServer(socket_path, self.calls, refusals=self.cells.refusals)
-        return socket_path
+    def _socket_path(self, runtime_dir: Path) -> str:
+        return str(runtime_dir / "host.sock")
+
+    def _listen(self) -> None:
+        """Start the call server (the generations do, before their first kernel)."""
+        runtime_dir = self.generations.runtime_dir
+        if self._server is None and runtime_dir is not None:
+            self._server = CallServer(self._socket_path(runtime_dir), self.calls,
+                                      refusals=self.cells.refusals)
 
     def _launch(self) -> Launch:
         confinement = self.generations.confinement
@@ -161,7 +167,11 @@ class Host:
             self.generations.prior = self.session.take_up(self.options.resume, self._launch())
             self.generations.start("resume")
             return
-        self.session.begin(self._launch())
+        # What the start reads of the workspace is read first; then a standby gets its
+        # orders and starts while the start is recorded (the call server starts after).
+        survey = self.session.survey()
+        self.generations.hand_orders()
+        self.session.begin(self._launch(), survey)
         self.generations.start("start")
 
     def close(self) -> str | None:

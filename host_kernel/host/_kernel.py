@@ -151,8 +151,8 @@ def kernel_env(base: dict[str, str]) -> dict[str, str]:
 class KernelGeneration:
     """The kernel process and client of one generation.
 
-    Started cold here (:meth:`__init__`), or :meth:`adopt`-ed from a standby kernel
-    that a pool started earlier (host_kernel/host/_pool.py).
+    Started cold here (:meth:`__init__`), or taken from a standby kernel that a pool
+    started earlier (host_kernel/host/_pool.py): :meth:`order`, then :meth:`ready`.
     """
 
     #: What init said when it started (PID namespace or why not); empty unconfined.
@@ -191,14 +191,13 @@ class KernelGeneration:
         self.hello = {}
 
     @classmethod
-    def adopt(cls, generation: int, token: str, manager: KernelManager,
+    def order(cls, generation: int, token: str, manager: KernelManager,
               sandbox: Sandbox | None, hello: dict[str, Any], orders_fd: int,
-              orders: dict[str, Any], startup_timeout: float,
-              ruleset_fd: int = -1) -> KernelGeneration:
+              orders: dict[str, Any], ruleset_fd: int = -1) -> KernelGeneration:
         """Hand a standby kernel its session's ``orders`` (and the session's Landlock
         ruleset, ``ruleset_fd``) on the socket it reads them from (``orders_fd``;
-        host_kernel/kernel/standby.py) and wait until it answers as this generation's
-        kernel."""
+        host_kernel/kernel/standby.py), and open this side's channels while it starts;
+        :meth:`ready` waits for it."""
         self = cls.__new__(cls)
         self._setup(generation, token, manager, sandbox)
         self.hello = hello
@@ -207,21 +206,34 @@ class KernelGeneration:
             with socket.socket(fileno=os.dup(orders_fd)) as sock:
                 sent = socket.send_fds(sock, [data], [ruleset_fd] if ruleset_fd >= 0 else [])
                 sock.sendall(data[sent:])
-            self._connect(startup_timeout)
-            if sandbox is not None:
-                sandbox.wait_outbound()  # attached at narrow, up while the kernel adopted
+            self._channels()
         except (Exception, SandboxError) as exc:
             self.stop()
             raise KernelError(f"the standby kernel did not take generation {generation}: "
                               f"{exc}") from exc
         return self
 
+    def ready(self, timeout: float) -> None:
+        """Wait until a kernel handed its orders answers as this generation's kernel (and a
+        sandbox's network is up); stopped, and KernelError, if it does not."""
+        try:
+            wait_ready(self.client, self.manager, timeout)
+            if self.sandbox is not None:
+                self.sandbox.wait_outbound()  # attached at narrow, up while the kernel adopted
+        except (Exception, SandboxError) as exc:
+            self.stop()
+            raise KernelError(f"the standby kernel did not take generation "
+                              f"{self.generation}: {exc}") from exc
+
     def _connect(self, timeout: float) -> None:
+        self._channels()
+        wait_ready(self.client, self.manager, timeout)
+
+    def _channels(self) -> None:
         # (the manager's client would make a ZeroMQ context of its own, with the default
         # 100 ms between tries to connect to a kernel that has not bound yet)
         self.client = self.manager.client(context=_context())
         self.client.start_channels()
-        wait_ready(self.client, self.manager, timeout)
 
     @property
     def pid(self) -> int | None:

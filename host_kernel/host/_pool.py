@@ -3,7 +3,7 @@
 Owns :class:`HostPool` (a number of standby kernels, refilled in the background)
 and :class:`Standby` (one of them: its KernelManager, its sandbox, its folder).
 It does not run sessions: a Host given ``pool=`` takes a standby at start and
-hands it the session's orders (host/_kernel.py ``KernelGeneration.adopt``;
+hands it the session's orders (host/_kernel.py ``KernelGeneration.order``;
 host_kernel/kernel/standby.py narrows the kernel before it runs anything).
 
 A standby is confined from its ``execve`` on, in the pool's broad domain:

@@ -40,7 +40,7 @@ from ..store.pg import PostgresLedger
 from ._baseline import BaselineHistory
 from ._record import SessionRecord
 
-__all__ = ["SESSIONS_LOCK_WAIT", "Launch", "Session"]
+__all__ = ["SESSIONS_LOCK_WAIT", "Launch", "Session", "Survey"]
 
 #: Seconds a Host waits for the record's sessions lock before it gives up.
 SESSIONS_LOCK_WAIT = 30.0
@@ -53,6 +53,18 @@ class Launch:
     front: str
     confinement: dict[str, Any] | None
     kernel_env: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What a session's start read of its workspace before any kernel of it started."""
+
+    #: The ``baseline_recorded`` body (``codebase_change``), else None.
+    baseline: dict[str, Any] | None
+    #: ``session_started``'s ``notebook``, else None.
+    notebook: dict[str, Any] | None
+    #: The commit checked out (``git_head``), else None.
+    head: str | None
 
 
 class Session:
@@ -81,32 +93,44 @@ class Session:
 
     # ------------------------------------------------------------------ beginning
 
-    def begin(self, launch: Launch) -> None:
-        """Record the session's start (and, for ``codebase_change``, its baseline), then
-        close the record's abandoned sessions. The caller starts the first generation."""
-        record = self.record
-        ledger = record.ledger
+    def survey(self) -> Survey:
+        """What the session's start reads before any kernel of it starts: the workspace's
+        baseline (``codebase_change``), notebook and HEAD, read while no code of the
+        session runs. A PostgreSQL ledger's session is claimed first."""
+        ledger = self.record.ledger
         if isinstance(ledger, PostgresLedger):
             # Held while this Host lives: another Host then knows the session is not
             # abandoned (the server lets the lock go when this process dies).
-            ledger.claim(record.session_id)
+            ledger.claim(self.record.session_id)
         # Before anything is recorded and any kernel starts: a revision the user named that
         # cannot be read stops the Host here.
         baseline = self._baseline()
         notebook = self._notebook()
         head = baseline.get("commit") if baseline is not None else head_commit(self.workdir)
+        return Survey(baseline, notebook, head if isinstance(head, str) else None)
+
+    def begin(self, launch: Launch, survey: Survey | None = None) -> None:
+        """Record the session's start (and, for ``codebase_change``, its baseline), then
+        close the record's abandoned sessions. ``survey``: :meth:`survey`, taken before
+        the first kernel was handed its orders (taken now without it). The caller starts
+        (or finishes starting) the first generation."""
+        record = self.record
+        if survey is None:
+            survey = self.survey()
+        baseline, notebook, head = survey.baseline, survey.notebook, survey.head
         record.append("session_started", {
             "workdir": str(self.workdir), "record_dir": str(record.record_dir),
             "mode": self.mode_body, "request": self.request,
             "host_version": _version.__version__, "front": launch.front, "pid": os.getpid(),
             "host": socket.gethostname(), "confinement": launch.confinement,
             "kernel_env": launch.kernel_env, **record.stores_named(),
-            **({"git_head": head} if isinstance(head, str) else {}),
+            **({"git_head": head} if head is not None else {}),
             **({"notebook": notebook} if notebook is not None else {}),
         })
         if baseline is not None:
-            # Before any cell runs: the bytes the change applies to, kept where the
-            # kernel cannot reach (the workspace, .git included, is writable to it).
+            # Before any cell runs: the bytes the change applies to, read before any kernel
+            # of the session started and kept where the kernel cannot reach (the workspace,
+            # .git included, is writable to it).
             record.append("baseline_recorded", baseline)
         self.close_abandoned(strict=False)
 

@@ -21,14 +21,24 @@ a thread before step 1: every thread ipykernel starts (heartbeat, IOPub,
 control, ZeroMQ's I/O) inherits the narrowed domain. The standby checks that it
 is alone, and refuses to go on otherwise.
 
+Before the orders it also does the part of ``IPKernelApp``'s start that depends on
+nothing of the session's (:func:`ahead`): it parses its own command line (the
+pool's, fixed when it started), makes the IPython profile folder inside its own
+folder, where the session's private folder will be, and fills the caches the
+first cell would fill. None of it reads the session's input, runs code from a
+session or starts a thread.
+
 End of input before the orders means the pool let this standby go: it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from copy import deepcopy
+from typing import Any
 
 READY = "standby-ready"
 #: What a standby imports while it waits: most of what a kernel's start imports.
@@ -47,8 +57,17 @@ PRELOAD = (
     "IPython.core.oinspect", "IPython.extensions.storemagic", "IPython.utils.wildcard",
     "ipykernel.debugger", "faulthandler", "sqlite3", "unicodedata", "tornado.gen",
     "tornado.locks", "tornado.queues", "tornado.platform.asyncio",
-    "importlib.resources.readers", "host_kernel.sandbox.landlock",
+    "importlib.resources.readers", "importlib.readers", "host_kernel.sandbox.landlock",
+    # What adding the user site imports once narrowed (not sysconfig: it reads the
+    # environment as it imports, which must then be the session's).
+    "host_kernel._paths",
 )
+
+
+#: Where a session's IPython folder lies inside a standby's folder: the session's private
+#: folder (host_kernel/host/_pool.py ``Standby.private``), then its ``IPYTHONDIR``
+#: (host_kernel/host/_generations.py ``PRIVATE_DIRS``).
+IPYTHON_DIR = os.path.join("s", "ipython")
 
 
 class StandbyError(RuntimeError):
@@ -164,17 +183,104 @@ def user_site(env: dict[str, str]) -> list[str]:
     at = next((i for i, p in enumerate(sys.path) if p in system), len(sys.path))
     sys.path[at:at] = added
     try:
-        import usercustomize  # noqa: F401 - run as site.main would
+        import usercustomize  # type: ignore[import-not-found]  # noqa: F401 - as site.main
     except ImportError as exc:
         if exc.name != "usercustomize":
             raise
     return added
 
 
-def _ready_marker(argv: list[str]) -> str | None:
+def _folder(argv: list[str]) -> str | None:
+    """The standby's folder: its connection file's."""
     if "-f" in argv and argv.index("-f") + 1 < len(argv):
-        return os.path.join(os.path.dirname(argv[argv.index("-f") + 1]), READY)
+        return os.path.dirname(argv[argv.index("-f") + 1])
     return None
+
+
+#: ``IPKernelApp``'s command line parsed ahead: (argv, config, extra args).
+Parsed = tuple[list[str], Any, list[str]]
+
+
+def parse_ahead(argv: list[str]) -> Parsed:
+    """Parse ``argv`` as ``IPKernelApp.parse_command_line`` would, without an application
+    to apply it to: building the parser from every configurable class is most of that
+    call's time (traitlets ``Application.parse_command_line``). The command line is the
+    pool's own; the result reads no environment and no file."""
+    from ipykernel import kernelapp
+
+    kind: Any = kernelapp.IPKernelApp
+    app = kind()  # not the instance the kernel runs: only its parser is used
+    if argv and argv[0] in (app.subcommands or {}):
+        raise ValueError(f"{argv[0]} is a subcommand")  # parsed by IPKernelApp itself
+    flags, aliases = app.flatten_flags()
+    classes = list(app._classes_with_config_traits())
+    loader = app._create_loader(argv, aliases, flags, classes=classes)
+    return list(argv), loader.load_config(), list(loader.extra_args)
+
+
+def apply_parsed(app: Any, parsed: Parsed) -> None:
+    """What ``parse_command_line`` does with its result, for ``parsed``: the application's
+    ``argv``, ``cli_config`` (applied) and ``extra_args``."""
+    argv, config, extra = parsed
+    app.argv = list(argv)
+    app.cli_config = deepcopy(config)
+    app.update_config(app.cli_config)
+    app.extra_args = list(extra)
+
+
+def make_profile(folder: str) -> None:
+    """The session's IPython profile folder (``profile_default`` and its sub-folders),
+    made as IPython makes it at the kernel's start (it then finds it made): in the
+    standby's own folder, with nothing of the session's in it yet."""
+    from IPython.core import profiledir
+
+    profiles: Any = profiledir.ProfileDir
+    home = os.path.join(folder, IPYTHON_DIR)
+    os.makedirs(home, exist_ok=True)  # as the Host makes it (host/_generations.py _build_env)
+    profiles.create_profile_dir_by_name(home, "default")
+
+
+def warm() -> None:
+    """Fill the caches the first cell would fill: IPython's input transformation of a cell
+    compiles the tokenizer's patterns on first use (a constant cell here; the patterns
+    do not depend on it)."""
+    from IPython.core import inputtransformer2
+
+    kind: Any = inputtransformer2.TransformerManager
+    kind().transform_cell("pass\n")
+
+
+def ahead(argv: list[str]) -> Parsed | None:
+    """The kernel's start-up work that needs nothing of the session (before the orders);
+    None when the command line is left for the kernel to parse."""
+    with contextlib.suppress(Exception):
+        warm()  # only time saved; the first cell does it otherwise
+    folder = _folder(argv)
+    if folder is not None:
+        # On failure IPython makes what is missing at the kernel's start, as in a cold start.
+        with contextlib.suppress(Exception):
+            make_profile(folder)
+    if any(a in ("-h", "--help", "--help-all", "--version", "-V", "help") for a in argv):
+        return None  # IPython's own handling of these
+    try:
+        return parse_ahead(argv)
+    except Exception:  # noqa: BLE001 - the kernel parses it, and says what is wrong
+        return None
+
+
+def launch(parsed: Parsed | None) -> None:
+    """``ipykernel_launcher``'s ``launch_new_instance``, with the command line parsed
+    ahead (the same ``argv`` it would parse)."""
+    from ipykernel import kernelapp
+
+    app: Any = kernelapp.IPKernelApp.instance()
+    if parsed is not None and parsed[0] == sys.argv[1:]:
+        app.parse_command_line = lambda argv=None: apply_parsed(app, parsed)
+    try:
+        app.initialize()
+    finally:
+        app.__dict__.pop("parse_command_line", None)
+    app.start()
 
 
 def main() -> int:
@@ -184,10 +290,11 @@ def main() -> int:
         del sys.path[0]
     started_path = list(sys.path)
     preload()
-    marker = _ready_marker(sys.argv)
-    if marker is not None:
+    parsed = ahead(sys.argv[1:])
+    folder = _folder(sys.argv)
+    if folder is not None:
         try:
-            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.close(os.open(os.path.join(folder, READY), os.O_WRONLY | os.O_CREAT, 0o600))
         except OSError:
             pass  # only a hint for the pool
     got = read_orders()
@@ -200,9 +307,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - say why on stderr; the Host sees the kernel die
         sys.stderr.write(f"host_kernel standby: cannot take the session: {exc}\n")
         return 70
-    from ipykernel import kernelapp
-
-    kernelapp.launch_new_instance()
+    launch(parsed)
     return 0
 
 
