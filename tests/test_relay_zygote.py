@@ -293,3 +293,32 @@ def test_exec_is_forked_by_the_zygote_and_ends_as_it_would(
     assert "ValueError" in failed.stdout + failed.stderr
     log = zygote.stop()
     assert log.count("for cli") == 2, log
+
+
+GIVES_UP = """
+import json, os, socket, sys
+from host_kernel._launch import read_line, startup
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(sys.argv[1])
+request = {"entry": "control", "argv": ["-f", "/nonexistent/kernel.json"], "argv0": "x",
+           "cwd": os.getcwd(), "env": dict(os.environ), "umask": 0o22, "path": sys.path,
+           "executable": sys.executable, "startup": startup()}
+socket.send_fds(sock, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
+data, fds = read_line(sock)
+print(json.loads(data)["pid"], flush=True)
+sock.close()  # gives up before saying go
+"""
+
+
+def test_a_launch_that_gives_up_before_go_leaves_no_fork_running(
+        world: tuple[Served, Zygote], tmp_path: Path) -> None:
+    """The fork waits for the launching process's go: one that gave up (and runs its own
+    relay) never has a second one beside it."""
+    _, zygote = world
+    done = subprocess.run([sys.executable, "-P", "-c", GIVES_UP, str(zygote.socket)],
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    child = int(done.stdout.split()[0])
+    wait_for(lambda: not alive(child), 30, "the fork to be killed")
+    assert zygote.relays() == []
+    assert f"killed {child} for control" in zygote.stop()

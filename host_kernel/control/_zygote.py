@@ -62,7 +62,8 @@ class Zygote:
         self._last = time.monotonic()
         self._facts = startup()
         self._sel = selectors.DefaultSelector()
-        self._children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> pid, launcher
+        #: pidfd -> the child's pid, and its launching process's connection (None: killed)
+        self._children: dict[int, tuple[int, socket.socket | None]] = {}
         self._listener: socket.socket | None = None
         self._factory_seen = False
 
@@ -209,7 +210,12 @@ class Zygote:
         go_r, go_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        child = os.fork()
+        try:
+            child = os.fork()
+        except OSError:
+            for fd in (launcher, go_r, go_w):
+                os.close(fd)
+            raise
         if child == 0:
             try:
                 os.close(go_w)
@@ -224,21 +230,25 @@ class Zygote:
         os.close(go_r)
         os.close(launcher)
         pidfd = os.pidfd_open(child)
+        served: socket.socket | None = conn
         try:
             socket.send_fds(conn, [json.dumps({"pid": child}).encode() + b"\n"], [pidfd])
             ack, _ = read_line(conn, 64, deadline=self._time() + REPLY_TIMEOUT)
             if ack.strip() != b"go":
                 raise OSError("the launching process went away")
             os.write(go_w, b"g")
-        except OSError:
+            conn.settimeout(None)
+        except (OSError, ValueError):
+            # Never two processes for one launch: the launch runs its own now.
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            conn.close()
+            served = None
         finally:
             os.close(go_w)
-        conn.settimeout(None)
-        sys.stderr.write(f"host_kernel zygote: forked {child} for {request['entry']} "
-                         f"(pid {pid})\n")
+        sys.stderr.write(f"host_kernel zygote: {'forked' if served else 'killed'} {child} "
+                         f"for {request['entry']} (pid {pid})\n")
         sys.stderr.flush()
-        self._children[pidfd] = (child, conn)
+        self._children[pidfd] = (child, served)  # reaped either way
         self._sel.register(pidfd, selectors.EVENT_READ)
 
     def _reap(self, pidfd: int) -> None:
@@ -246,13 +256,15 @@ class Zygote:
         child, conn = self._children.pop(pidfd)
         _, status = os.waitpid(child, 0)
         os.close(pidfd)
+        self._last = self._time()
+        if conn is None:
+            return  # killed before it ran: its launch ran its own
         try:
             conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode()
                          + b"\n")
         except OSError:
             pass  # the launching process is gone (so its relay killed itself)
         conn.close()
-        self._last = self._time()
 
     def _become(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
                 launcher: int, go: int) -> None:
@@ -266,7 +278,8 @@ class Zygote:
         assert self._listener is not None
         self._listener.close()
         for pidfd, (_, other) in self._children.items():
-            other.close()
+            if other is not None:
+                other.close()
             os.close(pidfd)
         self._sel.close()
         if os.read(go, 1) != b"g":
