@@ -78,8 +78,12 @@ def put(host: Host, files: dict[str, str], save: bool = True) -> None:
 
 def bash(host: Host, command: str) -> str:
     """Run ``command`` through host.bash in a cell of its own; it must exit 0."""
-    obs = host.execute(f"_r = host.bash({command!r})\nprint('EXIT', _r.exit_status)",
-                       timeout=120)
+    # Its pytest loads no plugin by entry point, as the Host's run loads none: the dev
+    # venv's (hypothesis above all) cost about 2 s a run and play no part here.
+    obs = host.execute(f"import os\nos.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'\n"
+                       f"try:\n    _r = host.bash({command!r})\n"
+                       f"finally:\n    del os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD']\n"
+                       f"print('EXIT', _r.exit_status)", timeout=120)
     assert "EXIT 0" in obs.text, obs.text
     return obs.cell_id
 

@@ -64,12 +64,19 @@ class Cell(str):
     text: str
 
 
+#: Kernel code run before the agent's own commands: its pytest loads no plugin by entry
+#: point, as the Host's run loads none (reproduce/environment.py ``run_env``). The dev
+#: venv's plugins (hypothesis above all) cost about 2 s a run and play no part here.
+NO_PLUGIN_AUTOLOAD = "os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'"
+
+
 def run(host: Host, *commands: str, setup: str = "", expect_exit: int | None = 0) -> Cell:
     """Run ``commands`` through host.bash in one cell, after ``setup`` (kernel code, e.g. an
     edited os.environ, undone afterwards); each must exit ``expect_exit``. Returns the cell id."""
     body = "\n".join(f"    _r = host.bash({c!r})\n    print('EXIT', _r.exit_status, {c!r})"
                      for c in commands)
-    setup_lines = "\n".join("    " + line for line in (setup or "pass").splitlines())
+    setup = NO_PLUGIN_AUTOLOAD + ("\n" + setup if setup else "")
+    setup_lines = "\n".join("    " + line for line in setup.splitlines())
     code = (f"import os\n_env, _cwd = dict(os.environ), os.getcwd()\ntry:\n{setup_lines}\n"
             f"{body}\nfinally:\n    os.environ.clear()\n    os.environ.update(_env)\n"
             f"    os.chdir(_cwd)")
