@@ -101,6 +101,8 @@ def test_a_user_site_pth_runs_only_after_narrowing(tmp_path: Path) -> None:
                                         vars={"userbase": str(userbase)}))
     user_site.mkdir(parents=True)
     (user_site / "planted.pth").write_text(PTH)
+    # A broken usercustomize is said and passed over, as a fresh start does: both start.
+    (user_site / "usercustomize.py").write_text("raise RuntimeError('broken on purpose')\n")
     env = {**os.environ, "PYTHONUSERBASE": str(userbase), "UPTH_OTHER": str(root / "other"),
            "HOST_KERNEL_FACTORY": "off"}
     env.pop("PYTHONNOUSERSITE", None)

@@ -182,11 +182,15 @@ def user_site(env: dict[str, str]) -> list[str]:
     system = set(site.getsitepackages([p for p in site.PREFIXES if p != own]))
     at = next((i for i, p in enumerate(sys.path) if p in system), len(sys.path))
     sys.path[at:at] = added
-    try:
-        import usercustomize  # type: ignore[import-not-found]  # noqa: F401 - as site.main
-    except ImportError as exc:
-        if exc.name != "usercustomize":
-            raise
+    try:  # as site.main does: a broken usercustomize is said, and the start goes on
+        try:
+            import usercustomize  # type: ignore[import-not-found]  # noqa: F401
+        except ImportError as exc:
+            if exc.name != "usercustomize":
+                raise
+    except Exception as exc:  # noqa: BLE001 - the user's own code, as a fresh start treats it
+        sys.stderr.write("Error in usercustomize; set PYTHONVERBOSE for traceback:\n"
+                         f"{exc.__class__.__name__}: {exc}\n")
     return added
 
 
