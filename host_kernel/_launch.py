@@ -61,7 +61,7 @@ def socket_path(place: Place) -> Path:
 
 
 def read_line(sock: socket.socket, limit: int = 1 << 20,
-          deadline: float | None = None) -> tuple[bytes, list[int]]:
+              deadline: float | None = None) -> tuple[bytes, list[int]]:
     """One newline-ended message of at most ``4 * limit`` bytes, and the descriptors
     that came with its first part; by ``deadline`` (``time.monotonic``), if given."""
     import time
