@@ -413,12 +413,14 @@ def test_200_mib_of_display_data_in_one_cell_is_cut_to_the_budget(
                            "raw=True)", timeout=300)
         growth = _peak_growth_mib(before)
         assert obs.status == "ok", obs.text
-        # Today's Host kept all of it: ten 16 MiB outputs grew it by 1.2 GiB. What is left
-        # is what ZeroMQ holds while the Host catches up with the kernel: under 160 MiB
-        # until a run with two CPU hogs beside the suite measured 162 MiB (ZeroMQ's
-        # high-water mark counts messages, not bytes: docs/security.md). Still under the
-        # 200 MiB the cell sent.
-        assert growth < 190, f"the Host's peak resident size grew {growth:.0f} MiB"
+        # The Host before the budget kept all of it: ten 16 MiB outputs grew it by 1.2 GiB.
+        # What is left is what ZeroMQ holds while the Host catches up with the kernel: its
+        # I/O thread takes in what the kernel sends as it comes, ahead of the Host's reader
+        # (its high-water mark counts messages, not bytes: docs/security.md). Quiet, under
+        # 160 MiB; with two CPU hogs beside the suite, 162 MiB once and 213 MiB once (nearly
+        # all the 200 MiB the cell sent, waiting at once). The bound is what is sent plus
+        # room: never a second copy of it, never what was cut kept.
+        assert growth < 256, f"the Host's peak resident size grew {growth:.0f} MiB"
         assert len(obs.outputs) == 1 and len(obs.outputs[0]["data"]["text/plain"]) == 10 * MIB
         body = _last_finished(host)
         cut = body["output_cut"]
