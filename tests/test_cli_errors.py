@@ -517,6 +517,43 @@ def test_a_keyboard_interrupt_in_execute_is_recorded_and_the_host_goes_on(
     assert cli("audit", record, cwd=workspace).returncode == 0
 
 
+def test_ctrl_c_right_after_the_cell_is_sent_still_keeps_its_outputs(workspace: Path) -> None:
+    """The gap a loaded machine opens: the request is out, the Host's thread is not yet
+    waiting, and the cell has run to its first output when Ctrl-C lands. Made certain here
+    by a send that returns only once the cell runs, then raises as SIGINT would."""
+    with Host(workspace) as host:
+        kc = host.generations.kernel.client
+        channel_send = kc.shell_channel.send
+
+        def send_then_ctrl_c(msg: dict) -> None:
+            channel_send(msg)
+            if msg["header"]["msg_type"] != "execute_request":
+                return
+            deadline = time.monotonic() + 60
+            while not (host.workdir / "ready").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise KeyboardInterrupt
+
+        kc.shell_channel.send = send_then_ctrl_c
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                host.execute("import time\nprint('so far', flush=True)\n"
+                             "open('ready', 'w').close()\ntime.sleep(30)")
+        finally:
+            kc.shell_channel.send = channel_send
+        after = host.execute("print('still here')", timeout=30)
+        assert after.status == "ok" and after.generation == 1
+        record = host.record_dir
+    cells = record_cells(record)
+    assert [c["status"] for c in cells] == ["interrupted", "ok"]
+    with open_verified(record) as ledger:
+        outputs = json.loads(ledger.query("SELECT outputs FROM cells WHERE cell_id = ?",
+                                          (cells[0]["cell_id"],))[0]["outputs"])
+    assert outputs[0]["text"] == "so far\n"
+    assert outputs[-1]["ename"] == "KeyboardInterrupt"
+    assert cli("audit", record, cwd=workspace).returncode == 0
+
+
 def test_a_cell_that_ignores_the_interrupt_after_ctrl_c_costs_its_kernel(
         workspace: Path) -> None:
     with Host(workspace) as host:

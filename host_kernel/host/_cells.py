@@ -399,15 +399,22 @@ class CellRunner:
                    "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
         msg = kc.session.msg("execute_request", content, metadata={"cellId": cell_id})
         run = CellRun(kc.session, msg["header"]["msg_id"])
-        kc.shell_channel.send(msg)
         iopub = kc.iopub_channel.socket
         collector = Outputs()
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         interrupted_at: float | None = None
         last_alive_check = now
+        sent = False
         while True:
             try:
+                if not sent:
+                    # Sent inside the try: a Ctrl-C that lands between the send and the
+                    # loop (a loaded machine can run the whole cell up to its first
+                    # output in that gap) still interrupts the cell and keeps its outputs.
+                    # Marked first, so a Ctrl-C inside the send errs toward waiting.
+                    sent = True
+                    kc.shell_channel.send(msg)
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and interrupted_at is None:
                     run.status = "timeout"
