@@ -427,6 +427,40 @@ def test_a_process_with_no_new_privs_is_refused(served: Served) -> None:
     assert served.hello()["stats"]["handed_out"] == 0  # type: ignore[index]
 
 
+FEWER_RIGHTS = """
+import ctypes, json, os, socket, sys
+what = sys.argv[2]
+if what == "group":
+    os.setgroups([4242])  # gives up every supplementary group the factory has, takes one
+elif what == "capability":
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(24, 13, 0, 0, 0) == 0  # PR_CAPBSET_DROP CAP_NET_RAW
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(b'{"op": "hello"}')
+print(s.recv(65536).decode())
+"""
+
+
+@pytest.mark.parametrize(("what", "line"), [("group", "Groups"), ("capability", "CapBnd")])
+def test_a_process_with_other_rights_than_the_factorys_is_refused(
+        served: Served, what: str, line: str) -> None:
+    """A standby (or a zygote's fork) runs with the factory's rights: a process that gave up
+    a group or a capability would get it back through one, so it is refused."""
+    if os.geteuid() != 0:
+        pytest.skip("LOUD SKIP: changing groups or the bounding set needs root here")
+    out = subprocess.run([sys.executable, "-c", FEWER_RIGHTS, str(served.place.socket), what],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert reply["ok"] is False and line in reply["reason"], reply
+    assert served.hello()["stats"]["handed_out"] == 0  # type: ignore[index]
+    # The honest twin: the same client with the factory's rights is answered.
+    same = subprocess.run([sys.executable, "-c", FEWER_RIGHTS, str(served.place.socket),
+                           "nothing"], check=False, capture_output=True, text=True, timeout=60)
+    assert json.loads(same.stdout)["ok"] is True, same.stdout + same.stderr
+
+
 def test_a_garbled_or_repeated_request_is_answered_and_the_factory_goes_on(
         served: Served, roots: Path) -> None:
     import socket as sockets

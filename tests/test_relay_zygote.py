@@ -295,6 +295,29 @@ def test_exec_is_forked_by_the_zygote_and_ends_as_it_would(
     assert log.count("for cli") == 2, log
 
 
+def test_exec_with_a_group_given_up_is_not_forked(
+        world: tuple[Served, Zygote], roots: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork runs with the zygote's rights: a launch that gave up its groups (as
+    ``setpriv --clear-groups`` does) would get them back in it, so it runs itself."""
+    _, zygote = world
+    script = Path(sys.executable).with_name("host-kernel")
+    if not script.exists():
+        pytest.skip(f"LOUD SKIP: no console script beside {sys.executable} (not pip-installed)")
+    if os.geteuid() != 0:
+        pytest.skip("LOUD SKIP: giving up groups needs root here")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ws = roots / "ws"
+    nb = _notebook(ws / "groups.ipynb", "import os\nprint('groups', os.getgroups())")
+    out = subprocess.run([str(script), "exec", str(nb)], cwd=ws, capture_output=True,
+                         text=True, timeout=180, stdin=subprocess.DEVNULL, check=False,
+                         preexec_fn=lambda: os.setgroups([4242]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "not forked" in out.stderr and "Groups" in out.stderr, out.stderr
+    log = zygote.stop()
+    assert "for cli" not in log and "Groups" in log, log
+
+
 GIVES_UP = """
 import json, os, socket, sys
 from host_kernel._launch import read_line, startup

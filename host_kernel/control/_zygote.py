@@ -15,11 +15,12 @@ A fork is served only where it gives what a fresh launch would:
 - the same interpreter start-up: ``sys.path``, ``sys.flags``, ``-X`` and ``-W`` options,
   and every ``PYTHON*``, ``LANG``, ``LC_*`` and ``HOME`` variable (read once, at start);
 - the same process context: namespaces, cgroup, resource limits, nice value, security
-  label (no_new_privs is the factory's peer rule already).
+  label (its rights, from groups and capabilities to no_new_privs and seccomp filters,
+  are the factory's peer rule already).
 
 Otherwise the launching process runs its relay itself, as before, and says why on its
 standard error. Who may ask is the factory's rule (same user, same mount and PID
-namespaces, no no_new_privs), and the socket lies in the factory's folder, which no
+namespaces, no no_new_privs, the same groups, capabilities and seccomp filters), and the socket lies in the factory's folder, which no
 confined kernel sees. ``HOST_KERNEL_FACTORY=off`` turns it off with the factory. The
 first launch that finds no zygote starts one, and runs its own relay; the zygote exits
 when it has no relay left and the factory is gone or it has been idle

@@ -8,7 +8,8 @@ exits once no session has been attached for its idle time, or when its socket
 is removed (the user's runtime folder going at logout).
 
 Who may connect is decided by the operating system, not by what a peer says:
-the peer's uid, mount and PID namespaces, and its no_new_privs flag, read from
+the peer's uid, mount and PID namespaces, its no_new_privs flag and the rest of its
+rights (groups, capabilities, seccomp filters, which must be the factory's), read from
 ``/proc`` for the pid the kernel gives (``SO_PEERCRED``), checked to still be
 the same process through a pidfd (``SO_PEERPIDFD``) where the kernel has one. A
 confined kernel lives in a mount namespace of its own whose view covers this
@@ -36,7 +37,7 @@ from ..sandbox.limits import KernelLimits
 from ._adopt import forget, handover
 from ._place import Place, identity, idle_seconds, size
 
-__all__ = ["Factory", "main", "peer_refusal"]
+__all__ = ["CREDENTIALS", "Factory", "credentials", "main", "peer_refusal"]
 
 #: Largest request or reply (JSON) on the socket.
 MAX_MESSAGE = 1 << 16
@@ -50,21 +51,35 @@ def _ns(pid: int | str, name: str) -> str:
     return os.readlink(f"/proc/{pid}/ns/{name}")
 
 
-def _no_new_privs(pid: int | str) -> str:
+#: The lines of ``/proc/PID/status`` that say what a process may do: its user and groups
+#: (all four ids each, and the supplementary groups), its capability sets, no_new_privs
+#: and its seccomp filters. A peer must have all of them as the factory has them.
+CREDENTIALS = ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb",
+               "NoNewPrivs", "Seccomp", "Seccomp_filters")
+
+
+def credentials(pid: int | str) -> dict[str, str]:
+    """The :data:`CREDENTIALS` lines of ``pid``'s status, as the kernel writes them."""
+    found: dict[str, str] = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("NoNewPrivs:"):
-                return line.split()[1]
-    return "?"
+            name, _, value = line.partition(":")
+            if name in CREDENTIALS:
+                found[name] = " ".join(value.split())
+    return found
 
 
 def peer_refusal(conn: socket.socket) -> str | None:
     """Why the process at the other end of ``conn`` may not use the factory, or None.
 
     Same user; same mount and PID namespaces as the factory (a sandboxed kernel has its
-    own); and no no_new_privs (every Landlock-confined process has it set, so a Host that
-    runs with it set is refused too, and starts cold). The pid is pinned by a pidfd taken
-    before the checks and found alive after them, so a pid recycled in between cannot pass.
+    own); no no_new_privs (every Landlock-confined process has it set, so a Host that
+    runs with it set is refused too, and starts cold); and otherwise the very rights the
+    factory has (:data:`CREDENTIALS`: groups, capabilities, seccomp filters), since what
+    it hands out, a standby kernel or a fork of the relay zygote, runs with the factory's
+    rights, not the peer's: a process that gave up a group or a capability, or runs under
+    a seccomp filter, would get them back. The pid is pinned by a pidfd taken before the
+    checks and found alive after them, so a pid recycled in between cannot pass.
     """
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                          struct.calcsize("3i")))
@@ -79,10 +94,15 @@ def peer_refusal(conn: socket.socket) -> str | None:
         for name in ("mnt", "pid"):
             if _ns(pid, name) != _ns("self", name):
                 return f"the peer runs in another {name} namespace (a sandbox)"
-        if _no_new_privs(pid) != "0":
+        theirs, mine = credentials(pid), credentials("self")
+        if theirs.get("NoNewPrivs") != "0":
             # Every Landlock-confined process has it; where kernels share the factory's
             # namespaces (no private view), this is what tells one from a Host.
             return "the peer runs with no_new_privs (as every confined process does)"
+        differ = [name for name in CREDENTIALS if theirs.get(name) != mine.get(name)]
+        if differ:
+            return (f"the peer's rights differ from the factory's ({', '.join(differ)}): what "
+                    f"the factory hands out would run with the factory's")
         if pidfd >= 0:
             signal.pidfd_send_signal(pidfd, 0)
     except OSError as exc:
