@@ -352,8 +352,9 @@ RECORD: list[tuple[str, float, str, str, Callable[[Plan], Result]]] = [
       "workspace, same interpreter, its `__pycache__` warm"),
      bench_reproduce_submit),
     ("capture_10k", 1.15,
-     "a cell opening and reading 10,000 small workspace files, audit hook on",
-     "the same cell in a plain ipykernel (no audit hook)",
+     "a cell opening and reading 10,000 small workspace files in a default `Host()` (confined "
+     "and traced: each open seen by the tracer, each file's bytes kept once)",
+     "the same cell in a plain ipykernel (nothing observed)",
      bench_capture),
     ("audit_10k", 1.0,
      "`host_kernel.audit.audit` of a record holding 10,000 artifacts (with lineage)",
