@@ -359,6 +359,10 @@ def preload() -> None:
                  "host_kernel.lineage.graph", "host_kernel.lineage.slice",
                  "host_kernel.sandbox.trace", "jupyter_client.session", "zmq"):
         importlib.import_module(name)
+    from .relay import CELL_MODULES
+
+    for name in CELL_MODULES:  # what a relay run alone imports only once it is started
+        importlib.import_module(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ import hmac
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -67,6 +68,14 @@ OUTPUTS = frozenset({"stream", "display_data", "execute_result", "error", "clear
 WITHHELD_FEATURES = frozenset({"debugger", "kernel subshells"})
 #: Seconds the loop waits for a message before looking after the kernel.
 TICK = 0.1
+#: The Host's modules a session needs only at a cell (the dataflow tracker, values and
+#: their cards, the verifier, the reproduction): not imported on the way to the kernel's
+#: start, where they would compete with it for the CPUs, but in the background at the
+#: relay's first quiet moment after it, so the first cell does not wait for them either.
+#: The relay zygote imports them ahead (control/_zygote.py).
+CELL_MODULES = ("host_kernel.lineage.flow", "host_kernel.lineage.statements",
+                "host_kernel._models", "host_kernel.verify", "host_kernel.reproduce",
+                "host_kernel.reproduce.world")
 #: How often the kernel process is checked for life.
 LIVENESS_EVERY = 0.25
 #: After a cell's execute_reply (or idle status), how long to wait for the other one
@@ -154,6 +163,7 @@ class Relay:
         parent = int(os.environ.get("JPY_PARENT_PID") or 0)
         self._parent = parent if parent == os.getppid() else 0
         self._next_liveness = 0.0
+        self._preloaded = False
         self.exit_code = 0
 
     # ------------------------------------------------------------------ life cycle
@@ -264,6 +274,10 @@ class Relay:
                              (self.f_shell, self._front_shell)):
             if sock in ready and self.kernel is k:
                 self._drain(sock, handle)
+        if not ready and not self._preloaded:
+            self._preloaded = True
+            threading.Thread(target=_import, args=(CELL_MODULES,), name="host-kernel-preload",
+                             daemon=True).start()
         self._tick()
 
     @staticmethod
@@ -595,3 +609,14 @@ class Relay:
                       shutdown.header)
         self._compose(self.f_iopub, [b"kernel.host_kernel.shutdown"], "shutdown_reply", content,
                       shutdown.header)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    """Import ``names`` (a background thread's work: a failure is the cell's to meet)."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the cell that needs it imports it and says why
+            return

@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BadArguments, CallRefused, HostCallError
-from .._models import Verdict
 from ..store.blobs import FileBlobStore
 from ..store.ledger import Event, SQLiteLedger
-from ..store.pg import PostgresLedger
 from ._bash import ExecutableCache, Redactor
 from ._cells import CellRunner, RunningCell
 from ._generations import Generations
@@ -30,6 +28,10 @@ from ._record import SessionRecord
 from ._server import Emit
 from ._session import Session
 from ._workspace import HashCache, Workspace
+
+if TYPE_CHECKING:
+    from .._models import Verdict
+    from ..store.pg import PostgresLedger
 
 __all__ = ["CallContext", "Dispatcher", "Handler"]
 

@@ -15,12 +15,11 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BadArguments, HostKernelError
 from .._ids import mint_cell_id
-from .._models import Observation
-from ..lineage.flow import TRACED
+from ..lineage.taint import TRACED
 from ..sandbox.client import SandboxError
 from ._bash import Redactor, kill_group
 from ._generations import Generations
@@ -33,6 +32,9 @@ from ._render import cell_header, cut, cut_notice, render_outputs
 from ._server import RefusalLog
 from ._session import Session
 from ._trace import TracedAccess, now_ns
+
+if TYPE_CHECKING:
+    from .._models import Observation
 
 __all__ = ["INTERRUPT_GRACE", "LIVENESS_POLL", "CellRunner", "RunningCell", "join"]
 
@@ -174,6 +176,9 @@ class CellRunner:
                     notice = told if notice is None else f"{told} {notice}"
             text = self.text(cell_id, run.status, outputs, notice, run.dropped_chars,
                              run.output_cut)
+            # The values and their cards are a cell's, not the start's.
+            from .._models import Observation
+
             return Observation(cell_id=cell_id, status=run.status, outputs=tuple(outputs),
                                execution_count=run.execution_count, generation=kernel.generation,
                                text=text, duration=duration, notice=notice)

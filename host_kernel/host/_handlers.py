@@ -22,12 +22,8 @@ from typing import Any
 
 from .._errors import BadArguments, FileProblem, StorageError
 from .._ids import mint_uuid
-from .._models import Artifact
-from ..lineage.flow import OBSERVED, TRACED
-from ..lineage.graph import build_lineage
-from ..lineage.slice import compute_slice
+from ..lineage.taint import OBSERVED, TRACED
 from ..sandbox.client import SandboxError
-from ..verify import Submission
 from . import _subtasks
 from ._bash import CommandContext, run_command
 from ._calls import CallContext, Handler
@@ -68,6 +64,10 @@ def cell_access(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit:
 
 
 def submit_output(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) -> Any:
+    # Each handler below imports what only it needs when it is called: the table is built
+    # at the Host's start, the verifier and the lineage graph and slice are not needed then.
+    from ..verify import Submission
+
     return ctx.submit(Submission.from_dict(args), submitting_cell=cell.cell_id,
                        emit=emit).to_dict()
 
@@ -202,6 +202,8 @@ def save_artifact(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emi
             "lineage": _lineage_for(ctx, cell, rel, _access_so_far(ctx, cell, args))}
     ctx.record.append("artifact_saved", body)
     ctx.lineage.artifact_saved(artifact_id, ref.sha256, ref.size)
+    from .._models import Artifact
+
     return Artifact.from_dict(body).to_dict()
 
 
@@ -235,6 +237,8 @@ def lineage_call(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit
     artifact_id = args.get("artifact_id")
     if not isinstance(artifact_id, str):
         raise BadArguments("lineage(artifact_id): artifact_id must be a str (the UUID)")
+    from ..lineage.graph import build_lineage
+
     return build_lineage(ctx.record.ledger, artifact_id, session=ctx.record.session_id).to_dict()
 
 
@@ -277,6 +281,8 @@ def load_artifact(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emi
 def artifacts(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) -> Any:
     rows = ctx.record.own_rows("SELECT * FROM artifacts WHERE session = ? ORDER BY seq",
                          (ctx.record.session_id,))
+    from .._models import Artifact
+
     return [Artifact(r["artifact_id"], r["filename"], r["sha256"], r["size"],
                      r["media_type"], r["cell_id"], r["generation"],
                      r["source_path"]).to_dict() for r in rows]
@@ -289,6 +295,8 @@ def slice_call(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: 
     if not ctx.record.own_rows("SELECT 1 FROM artifacts WHERE artifact_id = ? AND session = ?",
                                (artifact_id, ctx.record.session_id)):
         raise BadArguments(f"slice: no artifact {artifact_id!r} in this session")
+    from ..lineage.slice import compute_slice
+
     trusted = ctx.record.trusted_projection()  # the events this Host wrote, checked
     try:
         return compute_slice(trusted, artifact_id).to_dict()

@@ -20,19 +20,15 @@ import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import ConfinementError, HostKernelError, KernelError
 from .._ids import mint_uuid
-from .._models import Observation, Verdict
 from .._paths import default_record_dir
 from ..modes import TaskMode, resolve_task_mode
-from ..reproduce import Reproducer
 from ..sandbox.client import Confinement, probe
 from ..store.blobs import FileBlobStore
 from ..store.ledger import SQLiteLedger
-from ..store.pg import PostgresLedger
-from ..verify import Submission
 from ._bash import Redactor
 from ._calls import CallContext, Dispatcher
 from ._cells import CellRunner
@@ -46,6 +42,12 @@ from ._server import CallServer, Emit
 from ._session import Launch, Session
 from ._submissions import Submissions
 from ._workspace import HashCache, Workspace
+
+if TYPE_CHECKING:  # in signatures only: verification and PostgreSQL are not the start's
+    from .._models import Observation, Verdict
+    from ..reproduce import Reproducer
+    from ..store.pg import PostgresLedger
+    from ..verify import Submission
 
 __all__ = ["Host", "HostState"]
 

@@ -24,12 +24,14 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import HostCallError
-from ..lineage.flow import OBSERVED, RECEIPT, TRACED, FlowTracker, Source, file_key
-from ..lineage.statements import observe
+from ..lineage.taint import OBSERVED, RECEIPT, TRACED, Source, file_key
 from ._workspace import FileStat, HashCache, Workspace, cached_hash, cached_sha256, file_sha256
+
+if TYPE_CHECKING:
+    from ..lineage.flow import FlowTracker
 
 __all__ = ["CellIO", "SessionLineage", "read_source"]
 
@@ -65,7 +67,7 @@ class SessionLineage:
         self.workspace = workspace
         self.source_of = source_of
         self.hash_cache = {} if hash_cache is None else hash_cache
-        self.tracker = FlowTracker()
+        self._tracker: FlowTracker | None = None
         #: path → (artifact id, sha256) of an artifact materialised there by load_artifact
         self.materialised: dict[str, tuple[str, str]] = {}
         #: (key, sha256) → when it was hashed: "cell_end" or "save"
@@ -83,6 +85,17 @@ class SessionLineage:
         #: (key, sha256, cell) of traced reads hashed after their file changed: the bytes
         #: named are the file's later ones, not those its open found.
         self.changed_after_read: set[tuple[str, str, str]] = set()
+
+    @property
+    def tracker(self) -> FlowTracker:
+        """The session's tracker, made at the first cell that feeds or asks it: the
+        dataflow analysis (lineage.flow and its def-use pass) is a tenth of the control
+        kernel's imports, and a session's start needs none of it."""
+        if self._tracker is None:
+            from ..lineage.flow import FlowTracker
+
+            self._tracker = FlowTracker()
+        return self._tracker
 
     # -- feeding
 
@@ -207,7 +220,8 @@ class SessionLineage:
         return strs("reads"), strs("writes"), renames, strs("removes")
 
     def new_generation(self) -> None:
-        self.tracker.forget_names()
+        if self._tracker is not None:  # a tracker made now would have nothing to forget
+            self._tracker.forget_names()
 
     def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO,
                       method: str = OBSERVED, *,
@@ -226,6 +240,8 @@ class SessionLineage:
             if loaded is not None and file_sha256(root / rel, root=root) != loaded[1]:
                 del self.materialised[rel]
         loaded_paths = {p for _, p, _ in io.loads}
+        from ..lineage.statements import observe  # with the tracker: not on the start path
+
         observe(self.tracker, cell_id, code, sources,
                 [w for w in writes if w not in loaded_paths], renames, removes,
                 source_of=self.source_of)
@@ -296,6 +312,8 @@ class SessionLineage:
         for artifact_id, path, sha in io.loads:
             self.materialised.setdefault(path, (artifact_id, sha))
         if written_now:
+            from ..lineage.statements import observe
+
             fork = self.tracker.fork()
             sources = self._sources(cell_id, reads, io, "save", method)
             observe(fork, cell_id, code, sources, list(dict.fromkeys([*writes, *io.writes])),

@@ -15,9 +15,10 @@ import hashlib
 import hmac
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._models import Status
+if TYPE_CHECKING:
+    from .._models import Status
 
 __all__ = ["RECORD_OUTPUT_LIMIT", "CellRun", "Outputs", "execution_count", "output_from_msg"]
 

@@ -36,7 +36,6 @@ from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
 from ..sandbox.limits import KernelLimits
 from ..sandbox.policy import Policy
 from ..sandbox.trace import unavailable as trace_unavailable
-from ._bash import Redactor
 from ._kernel import (
     close_thread_loop,
     kernel_env,
@@ -45,6 +44,7 @@ from ._kernel import (
     standby_argv,
     stop_manager,
 )
+from ._redact import Redactor
 
 __all__ = ["HostPool", "Standby"]
 

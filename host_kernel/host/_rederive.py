@@ -33,12 +33,14 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import FileProblem, HostKernelError
-from ..lineage.slice import Slice, SliceInput, compute_slice
 from ..store.blobs import FileBlobStore, open_beneath
 from ..store.ledger import Ledger
+
+if TYPE_CHECKING:
+    from ..lineage.slice import Slice, SliceInput
 
 __all__ = ["OUTCOMES", "Rederivation", "in_own_thread", "rederive", "rederive_slice"]
 
@@ -146,6 +148,8 @@ def rederive(ledger: Ledger, blobs: FileBlobStore, artifact_id: str, start: Star
     caller's: its private folder, the record it reads). A confined kernel may read most
     of the machine; without this, a slice could copy the artifact from where the first
     run left it and be "reproduced"."""
+    from ..lineage.slice import compute_slice  # the slicer's def-use pass: not the start's
+
     sliced = compute_slice(ledger, artifact_id)
     first = [*hide]
     for row in ledger.query("SELECT body FROM events WHERE session = ? AND kind = "

@@ -15,20 +15,21 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import RecordError
 from .._ids import mint_uuid
-from .._models import Verdict
-from ..reproduce import Reproducer
-from ..reproduce.world import HostOverlays
-from ..verify import LiveFiles, RecordView, Submission, unreadable_verdict, verify
 from ._bash import Redactor
 from ._generations import PRIVATE_DIRS, Generations
 from ._options import HostOptions
 from ._record import SessionRecord
 from ._server import Emit
 from ._session import Session
+
+if TYPE_CHECKING:
+    from .._models import Verdict
+    from ..reproduce import Reproducer
+    from ..verify import Submission
 
 __all__ = ["Submissions"]
 
@@ -53,6 +54,11 @@ class Submissions:
         """The session's reproducer (made on first use): the Host re-runs test evidence
         in a tree and sandbox of its own, never the workspace or the kernel's environment."""
         if self._reproducer is None:
+            # Imported at the first submission: the verifier and the reproduction are most
+            # of a Host's modules, and a session that never submits needs neither.
+            from ..reproduce import Reproducer
+            from ..reproduce.world import HostOverlays
+
             runtime, private = self.generations.runtime_dir, self.generations.private_dir
             if runtime is None or private is None:
                 raise RecordError("the session has no runtime folder for a reproduction")
@@ -76,6 +82,8 @@ class Submissions:
     def submit(self, submission: Submission, *, submitting_cell: str | None = None,
                emit: Emit | None = None) -> Verdict:
         """Verify a submission against the record and record the verdict."""
+        from ..verify import LiveFiles, RecordView, unreadable_verdict, verify
+
         record = self.record
         submission_id = mint_uuid()
         seen: dict[str, str | None] = {}

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from .keys import KeyUse
+if TYPE_CHECKING:  # the key analysis is the tracker's; the Host's start reads only the names here
+    from .keys import KeyUse
 
 __all__ = ["DEF_USE", "METHODS", "OBSERVED", "RECEIPT", "TRACED", "Collector", "Identity",
            "Source", "Taint", "file_key"]
