@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +57,42 @@ def test_output_streams_before_the_command_ends(host: Host) -> None:
     obs = host.execute(code)
     assert obs.status == "ok", obs.text
     assert float(obs.outputs[-1]["text"].split()[-1]) > 1.0
+
+
+def test_output_streams_before_its_spool_is_on_disk(host: Host,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Host keeps a command's output in a spool file it makes at the first bytes; a
+    file system slow to make it (another process's fsync flushing) must not hold the
+    text back from the cell. Here making the stdout spool takes 2 s."""
+    import tempfile
+
+    from host_kernel.host import _bash
+
+    made = tempfile.mkstemp
+
+    def slow(*args: Any, **kwargs: Any) -> tuple[int, str]:
+        if "stdout" in str(kwargs.get("prefix", "")):
+            time.sleep(2.0)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(_bash.tempfile, "mkstemp", slow)
+    code = ("import sys, time\n"
+            "class Stamp:\n"
+            "    def __init__(self, s): self.s, self.t = s, None\n"
+            "    def write(self, x):\n"
+            "        if 'first' in x and self.t is None: self.t = time.monotonic()\n"
+            "        return self.s.write(x)\n"
+            "    def flush(self): self.s.flush()\n"
+            "stamp = Stamp(sys.stdout); real = sys.stdout; sys.stdout = stamp\n"
+            "try:\n"
+            "    r = host.bash('echo first')\n"
+            "finally:\n"
+            "    sys.stdout = real\n"
+            "print(round(time.monotonic() - stamp.t, 2), r.stdout_tail.strip(), r.stdout_size)")
+    obs = host.execute(code)
+    assert obs.status == "ok", obs.text
+    waited, kept, size = obs.outputs[-1]["text"].split()[-3:]
+    assert float(waited) > 1.5 and kept == "first" and size == "6"  # and the spool kept it
 
 
 def test_timeout_kills_the_whole_process_group(host: Host, workdir: Path) -> None:

@@ -288,8 +288,17 @@ class _Stream:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.tail = ""
 
-    def feed(self, data: bytes) -> str:
+    def feed(self, data: bytes) -> tuple[bytes, str]:
+        """``data`` redacted, and its text to stream; :meth:`spool` then keeps the bytes.
+        Two steps, so the text reaches the cell before the disk is touched: the spool's
+        file is made at the first bytes, and a file system busy flushing (another
+        process's ``fsync``) can hold that for a second or more."""
         data = self.redactor.data(data)
+        text = self.decoder.decode(data)
+        self.tail = (self.tail + text)[-TAIL_CHARS:]
+        return data, text
+
+    def spool(self, data: bytes) -> None:
         if self.file is None:
             fd, self.tmp = tempfile.mkstemp(dir=self.blobs.tmp,
                                             prefix=self.blobs.temp_prefix(self.name))
@@ -297,9 +306,6 @@ class _Stream:
         self.file.write(data)
         self.hasher.update(data)
         self.size += len(data)
-        text = self.decoder.decode(data)
-        self.tail = (self.tail + text)[-TAIL_CHARS:]
-        return text
 
     def finish(self, blobs: FileBlobStore) -> str:
         """The stream's blob digest, its spool committed (an empty stream's blob is the
@@ -400,13 +406,14 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
                         sel.unregister(key.fileobj)
                         continue
                     stream = streams[key.fileobj]
-                    text = stream.feed(data)
+                    kept, text = stream.feed(data)
                     if text and listening:
                         try:
                             emit({"stream": stream.name, "text": text})
                         except OSError:
                             # The cell stopped listening (interrupted); keep recording.
                             listening = False
+                    stream.spool(kept)
     except BaseException:
         kill_group(proc)  # no receipt can be made (a spool could not be written)
         raise
