@@ -101,3 +101,51 @@ def test_closing_the_hosts_end_takes_the_whole_sandbox_down(sandbox) -> None:  #
         assert stream is not None
         assert stream.read() == b""
         stream.close()
+
+
+def test_init_does_not_wait_for_an_offered_process_to_confine_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the next command's process confines itself (Landlock, the tracing filter),
+    init goes on serving; it hands the offer to the Host once it holds the listener."""
+    import marshal
+    import select
+    import socket
+
+    from host_kernel.sandbox import init
+    from host_kernel.sandbox.init import recv_with_fds
+
+    class Supervisor:  # what init's spawner asks of trace.Supervisor here
+        def add(self, listener: int, source: int) -> None:
+            raise AssertionError("this child sends no listener")
+
+        def bump(self) -> None:
+            pass
+
+    def slow_child(orders: socket.socket, rulesets: list[int], handoff: socket.socket) -> None:
+        time.sleep(2.0)  # a slow confinement; then no filter, said as init hears it said
+        handoff.send(marshal.dumps({"error": "seccomp filter refused: slow test child"}))
+        os._exit(0)
+
+    monkeypatch.setattr(init, "_await_orders", slow_child)
+    host_end, ctl = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spawner = init._Spawner(ctl, -1, supervisor=Supervisor())
+    started = time.monotonic()
+    spawner.offer()
+    try:
+        assert time.monotonic() - started < 1.5  # back to its loop, the child still busy
+        assert spawner._pending is not None and spawner.offered == spawner._pending[0]
+        host_end.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            host_end.recv(4096)  # nothing offered to the Host yet
+        assert select.select([spawner._pending[1]], [], [], 10)[0]
+        spawner._offer_listened()
+        host_end.setblocking(True)
+        data, fds = recv_with_fds(host_end, 4096, 2)
+        assert marshal.loads(data) == {"ready": spawner.offered} and len(fds) == 2
+        assert spawner.trace_error == "seccomp filter refused: slow test child"
+        for fd in fds:
+            os.close(fd)
+    finally:
+        os.waitpid(spawner.offered or -1, 0)
+        for sock in (host_end, ctl, *spawner.children.values()):
+            sock.close()

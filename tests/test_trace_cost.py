@@ -257,11 +257,13 @@ def test_the_supervisor_stamps_each_read_with_the_key_its_open_found(tmp_path: P
 # ------------------------------------------------------------------ the compiled supervisor
 
 #: A program whose calls take every way through the supervisor: reads relative to the
-#: working folder, to a folder descriptor and absolute; O_PATH; reads after a chdir; paths
-#: with ".", ".." and "//" (left to Python); writes, renames, links and removes (Python);
-#: a read outside the roots; a thread's reads; a read through /proc/self/cwd.
+#: working folder, to a folder descriptor and absolute; O_PATH; reads after a chdir and an
+#: fchdir; paths with ".", ".." and "//" (left to Python); writes, renames, links and
+#: removes (Python); a read outside the roots; a thread's reads; a read through
+#: /proc/self/cwd; execs of a program in the roots (relative, with and without "./",
+#: absolute, with "..", through /proc/self/cwd) and of one outside them.
 _EVERY_WAY = """\
-import os, threading
+import os, subprocess, threading
 open('a.txt').read()
 open('sub/b.txt').read()
 open(os.path.abspath('a.txt')).read()
@@ -284,6 +286,15 @@ os.unlink('linked.txt')
 open('/etc/hostname').read()
 t = threading.Thread(target=lambda: open('sub/b.txt').read())
 t.start(); t.join()
+subprocess.run(['./run.sh'], check=True)
+subprocess.run(['bin/run.sh'], check=True)
+subprocess.run([os.path.abspath('run.sh')], check=True)
+subprocess.run(['./sub/../run.sh'], check=True)
+subprocess.run(['/proc/self/cwd/run.sh'], check=True)
+subprocess.run(['/bin/true'], check=True)
+os.fchdir(d)
+open('b.txt').read()
+os.chdir('..')
 os.chdir('sub')
 open('b.txt').read()
 open('../a.txt').read()
@@ -299,6 +310,10 @@ def _every_way(root: Path, compiled: bool) -> list[tuple[Any, ...]]:
     (root / "..odd" / "d.txt").write_text("d\n")
     (root / "long" / ("x" * 200)).mkdir(parents=True)  # a path longer than a first read
     (root / "long" / ("x" * 200) / ("y" * 150 + ".txt")).write_text("long\n")
+    for script in (root / "run.sh", root / "bin" / "run.sh"):
+        script.parent.mkdir(exist_ok=True)
+        script.write_text("#!/bin/sh\n:\n")
+        script.chmod(0o755)
     seen = _supervised(_EVERY_WAY, root, compiled)
     # Times and stamps' values differ between two runs; kinds, paths and which reads were
     # stamped must not. Paths are made relative to each run's root.
@@ -321,12 +336,16 @@ def test_the_compiled_and_python_supervisors_record_the_same_accesses(
 
     monkeypatch.setattr(trace.Supervisor, "_note", counted)
     compiled = _every_way(tmp_path / "c", compiled=True)
-    served_in_python = len(in_python)
+    served_in_python = list(in_python)
     in_python.clear()
     python = _every_way(tmp_path / "python", compiled=False)
     assert compiled == python
-    # The plain reads (and the interpreter's own opens) were served in C.
-    assert served_in_python + 10 < len(in_python)
+    # The plain reads (and the interpreter's own opens) were served in C; execs and
+    # changes of folder are Python's in both runs.
+    assert len(served_in_python) + 10 < len(in_python)
+    assert (trace.EXEC, "ROOT/run.sh", True) in compiled
+    assert (trace.EXEC, "ROOT/bin/run.sh", True) in compiled
+    assert not any(a[0] == trace.EXEC and "true" in a[1] for a in compiled)
     assert (trace.READ, "ROOT/a.txt", True) in compiled
     assert (trace.READ, "ROOT/sub/b.txt", True) in compiled
     assert (trace.READ, "ROOT/.hidden/c.txt", True) in compiled

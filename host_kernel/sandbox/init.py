@@ -227,6 +227,10 @@ class _Spawner:
         self.main_pid = -1
         #: The process last offered to the Host, until it exits (at most one at a time).
         self.offered: int | None = None
+        #: An offer whose process is still confining itself: (pid, the socket its tracing
+        #: listener comes on, orders and status sockets for the Host). Init serves calls
+        #: meanwhile, and hands the offer over once it holds the listener.
+        self._pending: tuple[int, Any, Any, Any] | None = None
 
     def offer(self) -> None:
         """Fork the next command's process ahead of time and hand the Host its sockets.
@@ -235,6 +239,12 @@ class _Spawner:
         goes to the Host, with the command's status socket: a ``host.bash`` call then
         sends its orders straight to the waiting process, and init only reports the
         exit. Another is offered once this one has exited.
+
+        A traced child is handed over only once init holds its tracing listener, but
+        init does not wait for that here: the child's confining (Landlock, the filter)
+        takes a millisecond or more, just when the Host is recording the last command
+        and the kernel carries on, and their traced calls (and the Host's collection)
+        are served meanwhile; :meth:`_offer_listened` hands it over.
         """
         orders_init, orders_child = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         status_init, status_host = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
@@ -243,9 +253,36 @@ class _Spawner:
         if pid == 0:
             _await_orders(orders_child, self.rulesets, theirs)  # closes every other descriptor
         orders_child.close()
-        self._watch(pid, mine, theirs)
         self.children[pid] = status_init
         self.offered = pid
+        if mine is None:
+            self._hand_over(pid, orders_init, status_host)
+            return
+        theirs.close()
+        self._pending = (pid, mine, orders_init, status_host)
+        self._poll.register(mine.fileno(), select.POLLIN)
+
+    def _offer_listened(self) -> None:
+        """The pending offer's child sent its listener (or died trying): serve it, then
+        hand the offer to the Host."""
+        if self._pending is None:
+            return
+        pid, mine, orders_init, status_host = self._pending
+        self._pending = None
+        self._poll.unregister(mine.fileno())
+        self._listen(pid, mine)
+        self._hand_over(pid, orders_init, status_host)
+
+    def _drop_pending(self) -> None:
+        """The pending offer's child died before it was handed over: forget the offer."""
+        if self._pending is not None:
+            _, mine, orders_init, status_host = self._pending
+            self._pending = None
+            self._poll.unregister(mine.fileno())
+            for sock in (mine, orders_init, status_host):
+                sock.close()
+
+    def _hand_over(self, pid: int, orders_init: Any, status_host: Any) -> None:
         try:
             _socket_send_fds(self.ctl, marshal.dumps({"ready": pid}),
                              [orders_init.fileno(), status_host.fileno()])
@@ -275,6 +312,10 @@ class _Spawner:
         if mine is None:
             return
         theirs.close()
+        self._listen(source, mine)
+
+    def _listen(self, source: int, mine: Any) -> None:
+        """Read the child's listener from ``mine`` (waiting for it) and serve it."""
         try:
             data, fds = recv_with_fds(mine, 4096, 1)
             # No message: the child died before its exec, so nothing of it ran untraced.
@@ -343,6 +384,8 @@ class _Spawner:
                         self.supervisor.remove(fd)
                 else:
                     ready.add(fd)
+            if self._pending is not None and self._pending[1].fileno() in ready:
+                self._offer_listened()
             if trace_fd in ready and not self._collect():
                 self.trace = None
                 self._poll.unregister(trace_fd)
@@ -380,6 +423,7 @@ class _Spawner:
             if pid == self.offered:
                 # Used and done (or dead unused): offer the next while the Host records it.
                 self.offered = None
+                self._drop_pending()
                 self.offer()
 
     def _collect(self) -> bool:
