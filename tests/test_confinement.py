@@ -411,6 +411,29 @@ def test_an_interpreter_or_package_inside_the_workspace_is_said_plainly(tmp_path
 
 
 @needs_landlock
+def test_a_host_that_imports_from_its_workspace_is_told_so(
+        workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script run from the workspace (or ``python -c``, ``python -m`` there) puts the
+    workspace on the Host's own ``sys.path``: a module a cell leaves there would be
+    imported by the Host's process. The record and the first Observation say so."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+    with Host(workdir) as host:
+        first = host.execute("x = 1")
+        assert first.notice is not None and "imports from a folder" in first.notice, first
+        assert str(workdir.resolve()) in first.notice
+        rows = host.ledger.query("SELECT body FROM events WHERE kind = 'session_started'")
+        recorded = json.loads(rows[0]["body"])["confinement"]["host_path_writable"]
+        assert recorded == [str(workdir.resolve())]
+    # The honest twin: started from elsewhere, nothing to say.
+    monkeypatch.chdir(workdir.parent)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p])
+    with Host(workdir) as host:
+        notice = host.execute("x = 1").notice
+        assert notice is None or "imports from a folder" not in notice
+
+
+@needs_landlock
 def test_a_cell_cannot_ptrace_the_sandboxs_init(confined: Host) -> None:
     obs = confined.execute(
         "import ctypes, os\n"

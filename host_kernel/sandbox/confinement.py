@@ -36,6 +36,8 @@ class Confinement:
     rules: list[dict[str, Any]] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
     interpreter_writable: list[str] = field(default_factory=list)
+    #: Folders on the Host's own import path that confined code can write.
+    host_path_writable: list[str] = field(default_factory=list)
     #: Whether the kernel has a network namespace of its own (None: known at its start).
     network_namespace: bool | None = None
     network_namespace_reason: str | None = None
@@ -54,6 +56,7 @@ class Confinement:
                 "network": self.network, "pid_namespace": self.pid_namespace,
                 "pid_namespace_reason": self.pid_namespace_reason, "rules": self.rules,
                 "hidden": self.hidden, "interpreter_writable": self.interpreter_writable,
+                "host_path_writable": self.host_path_writable,
                 "network_namespace": self.network_namespace,
                 "network_namespace_reason": self.network_namespace_reason,
                 "private_view": self.private_view,
@@ -81,6 +84,11 @@ class Confinement:
         if self.interpreter_writable:
             parts.append("the interpreter is installed inside the workspace, so confined code "
                          "can change it: " + ", ".join(self.interpreter_writable))
+        if self.host_path_writable:
+            parts.append("the Host's own process imports from a folder confined code can "
+                         "write (" + ", ".join(self.host_path_writable) + "), so a module a "
+                         "cell leaves there could run in the Host: start it from outside the "
+                         "workspace, or with python -P")
         if self.network_namespace is False:
             parts.append(f"no network namespace of its own ({self.network_namespace_reason}): "
                          f"cell code shares the machine's network, so it can reach every "
@@ -120,6 +128,7 @@ def probe(policy: Policy | None, *, network: bool = True) -> Confinement:
     return Confinement("landlock", abi, None, network, rules=rules_for_record(policy, abi),
                        hidden=list(policy.hidden),
                        interpreter_writable=policy.interpreter_writable(),
+                       host_path_writable=policy.host_path_writable(),
                        network_namespace=False if net_off else None,
                        network_namespace_reason=net_off,
                        private_view=False if off else None, private_view_reason=off)

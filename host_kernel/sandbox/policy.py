@@ -192,6 +192,24 @@ class Policy:
                     out.append(inst)
         return out
 
+    def host_path_writable(self) -> list[str]:
+        """Folders on this (the Host's) process's import path that a writable folder
+        covers: ``sys.path`` as it is now, ``''`` being the working folder (a script run
+        from the workspace, ``python -c``, ``python -m``). A module a cell leaves in one
+        would be imported by the Host's own process the first time it imports that name
+        (the kernelspec's relay runs with ``-P`` so that its folder is not one)."""
+        out = []
+        for entry in sys.path:
+            if entry and not os.path.isdir(entry):
+                continue  # a zip, or a finder's marker (an editable install's)
+            try:
+                where = _real(entry or os.getcwd())
+            except OSError:  # the working folder is gone: nothing is imported from it
+                continue
+            if any(where == w or where.startswith(w.rstrip("/") + "/") for w in self.writable):
+                out.append(where)
+        return list(dict.fromkeys(out))
+
 
 def uncovered(broad: Policy, narrow: Policy) -> list[str]:
     """The rules of ``narrow`` that ``broad`` does not grant in full.
