@@ -171,6 +171,27 @@ def test_many_small_prints_fold_into_one_stream_output_in_order(host: Host) -> N
     assert recorded == list(obs.outputs)
 
 
+def test_no_output_is_lost_while_the_hosts_reader_is_held_up(
+        host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Host that reads late (a loaded machine, here a reader held up 1.5 s at the
+    cell's first message) still gets every message: its IOPub subscription queues
+    without ZeroMQ's default limit of 1,000 messages, past which the kernel's publisher
+    drops them silently (a loaded CI run lost a dozen lines of the test above)."""
+    receive, held = CellRun.receive, threading.Event()
+
+    def late(self: CellRun, *args: Any, **kwargs: Any) -> Any:
+        if not held.is_set():
+            held.set()
+            time.sleep(1.5)
+        return receive(self, *args, **kwargs)
+
+    monkeypatch.setattr(CellRun, "receive", late)
+    obs = host.execute("for i in range(5000):\n    print(i, flush=True)")
+    assert obs.status == "ok" and held.is_set()
+    text = "".join(o["text"] for o in obs.outputs if o.get("name") == "stdout")
+    assert text == "".join(f"{i}\n" for i in range(5000))
+
+
 def test_an_updated_display_is_recorded_as_last_shown(host: Host) -> None:
     obs = host.execute("from IPython.display import display\n"
                        "h = display('first', display_id=True)\nprint('between')\n"

@@ -295,6 +295,12 @@ def _context() -> zmq.Context[Any]:
         if _CONTEXT is None or _CONTEXT.closed:
             ctx: zmq.Context[Any] = zmq.Context()
             ctx.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+            # No limit on what a socket queues for the Host to read: past ZeroMQ's default
+            # of 1,000 messages the kernel's IOPub publisher drops the rest silently, and a
+            # Host reading late (a loaded machine) lost outputs, or could lose a cell's
+            # idle status and wait on. ZeroMQ's I/O thread queues them as they come, and
+            # the Host's output budget (_outputs.Outputs) bounds what it keeps of them.
+            ctx.setsockopt(zmq.RCVHWM, 0)
             _CONTEXT = ctx
         return _CONTEXT
 
