@@ -20,10 +20,11 @@ A fork is served only where it gives what a fresh launch would:
 
 Otherwise the launching process runs its relay itself, as before, and says why on its
 standard error. Who may ask is the factory's rule (same user, same mount and PID
-namespaces, no no_new_privs, the same groups, capabilities and seccomp filters), and the socket lies in the factory's folder, which no
-confined kernel sees. ``HOST_KERNEL_FACTORY=off`` turns it off with the factory. The
-first launch that finds no zygote starts one, and runs its own relay; the zygote exits
-when it has no relay left and the factory is gone or it has been idle
+namespaces, no no_new_privs, the same groups, capabilities and seccomp filters), and
+the socket lies in the factory's folder, which no confined kernel sees.
+``HOST_KERNEL_FACTORY=off`` turns it off with the factory. The first launch that finds
+no zygote starts one, and runs its own relay; the zygote exits when it has no relay
+left and the factory is gone or it has been idle
 ``HOST_KERNEL_FACTORY_IDLE`` seconds.
 """
 
