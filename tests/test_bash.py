@@ -39,8 +39,10 @@ def test_non_zero_exit_is_recorded_not_raised(host: Host) -> None:
     assert {"output_type": "stream", "name": "stderr", "text": "err\n"} in obs.outputs
 
 
-def test_output_streams_before_the_command_ends(host: Host) -> None:
-    code = ("import sys, time\n"
+def _stamped(call: str, after: str) -> str:
+    """A cell that runs ``call`` with its standard output stamped when "first" reaches
+    it (``stamp.t``, monotonic), then ``after``."""
+    return ("import sys, time\n"
             "class Stamp:\n"
             "    def __init__(self, s): self.s, self.t = s, None\n"
             "    def write(self, x):\n"
@@ -48,12 +50,12 @@ def test_output_streams_before_the_command_ends(host: Host) -> None:
             "        return self.s.write(x)\n"
             "    def flush(self): self.s.flush()\n"
             "stamp = Stamp(sys.stdout); real = sys.stdout; sys.stdout = stamp\n"
-            "try:\n"
-            "    host.bash('echo first; sleep 1.5; echo second')\n"
-            "finally:\n"
-            "    sys.stdout = real\n"
-            "done = time.monotonic()\n"
-            "print(round(done - stamp.t, 2))")
+            f"try:\n    {call}\nfinally:\n    sys.stdout = real\n{after}")
+
+
+def test_output_streams_before_the_command_ends(host: Host) -> None:
+    code = _stamped("host.bash('echo first; sleep 1.5; echo second')",
+                    "print(round(time.monotonic() - stamp.t, 2))")
     obs = host.execute(code)
     assert obs.status == "ok", obs.text
     assert float(obs.outputs[-1]["text"].split()[-1]) > 1.0
@@ -76,19 +78,8 @@ def test_output_streams_before_its_spool_is_on_disk(host: Host,
         return made(*args, **kwargs)
 
     monkeypatch.setattr(_bash.tempfile, "mkstemp", slow)
-    code = ("import sys, time\n"
-            "class Stamp:\n"
-            "    def __init__(self, s): self.s, self.t = s, None\n"
-            "    def write(self, x):\n"
-            "        if 'first' in x and self.t is None: self.t = time.monotonic()\n"
-            "        return self.s.write(x)\n"
-            "    def flush(self): self.s.flush()\n"
-            "stamp = Stamp(sys.stdout); real = sys.stdout; sys.stdout = stamp\n"
-            "try:\n"
-            "    r = host.bash('echo first')\n"
-            "finally:\n"
-            "    sys.stdout = real\n"
-            "print(round(time.monotonic() - stamp.t, 2), r.stdout_tail.strip(), r.stdout_size)")
+    code = _stamped("r = host.bash('echo first')", "print(round(time.monotonic() - stamp.t, 2), "
+                    "r.stdout_tail.strip(), r.stdout_size)")
     obs = host.execute(code)
     assert obs.status == "ok", obs.text
     waited, kept, size = obs.outputs[-1]["text"].split()[-3:]
