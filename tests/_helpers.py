@@ -28,6 +28,21 @@ def refusal(host: Host, call: str) -> str:
     return obs.outputs[0]["text"].strip() if obs.outputs else ""
 
 
+#: Kernel code that makes the pytest runs of ``host.bash`` load no plugin by entry point,
+#: as the Host's own test runs load none (reproduce/environment.py): the dev venv's
+#: plugins (hypothesis above all) cost about 2 s a run and play no part in these tests.
+NO_PLUGIN_AUTOLOAD = "os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'"
+
+
+def bash_exit_cell(command: str, name: str = "r") -> str:
+    """A cell running ``command`` through ``host.bash`` (its pytest loading no plugin by
+    entry point, the environment restored after) and printing ``EXIT <status>``."""
+    return (f"import os\n{NO_PLUGIN_AUTOLOAD}\n"
+            f"try:\n    {name} = host.bash({command!r})\n"
+            "finally:\n    del os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD']\n"
+            f"print('EXIT', {name}.exit_status)")
+
+
 def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:
     """Poll ``predicate`` every 50 ms until it is true; fail naming ``what`` after ``seconds``."""
     deadline = time.monotonic() + seconds

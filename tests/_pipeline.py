@@ -9,6 +9,8 @@ import json
 
 from host_kernel import Host
 
+from _helpers import bash_exit_cell
+
 SOURCES = {
     "pkg/__init__.py": "",
     "pkg/core.py": "def add(a, b):\n    return a + b\n",
@@ -27,12 +29,7 @@ def build_package(host: Host) -> str:
     writes = "\n".join(f"host.write_file({p!r}, {c!r})" for p, c in SOURCES.items())
     saves = "\n".join(f"host.save_artifact({p!r})" for p in SOURCES)
     assert host.execute(writes + "\n" + saves).status == "ok"
-    # Its pytest loads no plugin by entry point, as the Host's own run loads none
-    # (reproduce/environment.py): the dev venv's (hypothesis above all) cost ~2 s a run.
-    obs = host.execute("import os\nos.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'\n"
-                       f"try:\n    r = host.bash({TEST_CMD!r})\n"
-                       "finally:\n    del os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD']\n"
-                       "print('EXIT', r.exit_status)")
+    obs = host.execute(bash_exit_cell(TEST_CMD))
     assert "EXIT 0" in obs.text, obs.text
     return obs.cell_id
 

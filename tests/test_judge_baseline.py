@@ -23,7 +23,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from _helpers import run_ok, wait_for
+from _helpers import bash_exit_cell, run_ok, wait_for
 
 from host_kernel import Host
 from host_kernel._errors import BadArguments, HostKernelError
@@ -78,12 +78,7 @@ def put(host: Host, files: dict[str, str], save: bool = True) -> None:
 
 def bash(host: Host, command: str) -> str:
     """Run ``command`` through host.bash in a cell of its own; it must exit 0."""
-    # Its pytest loads no plugin by entry point, as the Host's run loads none: the dev
-    # venv's (hypothesis above all) cost about 2 s a run and play no part here.
-    obs = host.execute(f"import os\nos.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'\n"
-                       f"try:\n    _r = host.bash({command!r})\n"
-                       f"finally:\n    del os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD']\n"
-                       f"print('EXIT', _r.exit_status)", timeout=120)
+    obs = host.execute(bash_exit_cell(command, "_r"), timeout=120)
     assert "EXIT 0" in obs.text, obs.text
     return obs.cell_id
 

@@ -28,7 +28,7 @@ import pytest
 from host_kernel import Host
 from host_kernel.audit import audit
 
-from _helpers import run_ok
+from _helpers import NO_PLUGIN_AUTOLOAD, run_ok
 from _pipeline import SOURCES, TEST_CMD, submit
 
 GOOD = "def add(a, b):\n    return a + b\n"
@@ -62,12 +62,6 @@ class Cell(str):
     """A producing cell's id, with the text its Observation showed."""
 
     text: str
-
-
-#: Kernel code run before the agent's own commands: its pytest loads no plugin by entry
-#: point, as the Host's run loads none (reproduce/environment.py ``run_env``). The dev
-#: venv's plugins (hypothesis above all) cost about 2 s a run and play no part here.
-NO_PLUGIN_AUTOLOAD = "os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD'] = '1'"
 
 
 def run(host: Host, *commands: str, setup: str = "", expect_exit: int | None = 0) -> Cell:
