@@ -186,7 +186,7 @@ def test_no_output_is_lost_while_the_hosts_reader_is_held_up(
         return receive(self, *args, **kwargs)
 
     monkeypatch.setattr(CellRun, "receive", late)
-    obs = host.execute("for i in range(5000):\n    print(i, flush=True)")
+    obs = host.execute("for i in range(5000):\n    print(i, flush=True)", timeout=120)
     assert obs.status == "ok" and held.is_set()
     text = "".join(o["text"] for o in obs.outputs if o.get("name") == "stdout")
     assert text == "".join(f"{i}\n" for i in range(5000))

@@ -12,6 +12,11 @@ so ipykernel finds none and starts without it (``_is_debugpy_available`` false);
 :func:`allow_debugger`, called by our extension once the kernel exists, takes the
 refusal back, so a cell may still ``import debugpy`` as anywhere else. Nothing in
 this module decides anything: it only saves the kernel work.
+
+:func:`unbounded_iopub` takes ZeroMQ's default limit of 1,000 queued messages off the
+kernel's IOPub socket: past it a publisher drops messages silently, and a Host reading
+late (a loaded machine) lost outputs and even a cell's ``idle`` status, and waited on.
+What the Host keeps of a cell's outputs is bounded by its own budget.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+from typing import Any
 
-__all__ = ["allow_debugger", "skip_debugger"]
+__all__ = ["allow_debugger", "skip_debugger", "unbounded_iopub"]
 
 #: The top-level packages a kernel does not import while it starts.
 SKIPPED = frozenset({"debugpy", "_pydevd_bundle", "pydevd"})
@@ -56,12 +62,33 @@ def allow_debugger() -> None:
                         if not getattr(f, "host_kernel_skip_at_start", False)]
 
 
+def unbounded_iopub() -> None:
+    """Have ``IPKernelApp`` make its IOPub socket (and the sockets made after it in its
+    context) with no send limit, before it binds it: an option set after a subscriber
+    connected would not reach that subscriber's queue."""
+    import zmq
+    from ipykernel import kernelapp
+
+    app: Any = kernelapp.IPKernelApp
+    made = app.init_iopub
+    if getattr(made, "host_kernel_unbounded", False):
+        return
+
+    def init_iopub(self: Any, context: Any) -> None:
+        context.setsockopt(zmq.SNDHWM, 0)
+        made(self, context)
+
+    init_iopub.host_kernel_unbounded = True  # type: ignore[attr-defined]
+    app.init_iopub = init_iopub
+
+
 def main() -> None:
     # As ipykernel_launcher does: the start folder off the path while ipykernel imports
     # (IPython's init_path puts '' back, which is then the session's workspace).
     if sys.path and (sys.path[0] == "" or sys.path[0] == os.getcwd()):
         del sys.path[0]
     skip_debugger()
+    unbounded_iopub()
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance()
