@@ -151,6 +151,12 @@ def _hide(host: Host, ws: Path, command: str, target: str) -> dict[str, Any]:
     ("ln -s data/d014 dl && echo x >> dl/f0000.txt && rm dl", "data/d014/f0000.txt"),
     ("ln -s data .git && echo x >> .git/d015/f0000.txt && rm .git",
      "data/d015/f0000.txt"),
+    # a symlink written through, renamed away, and a regular file put in its place (and
+    # the same with a symlinked folder): the rename no longer explains the written name
+    ("ln -s data/d021/f0000.txt l && echo x >> l && mv l l2 && echo y > t && mv t l2",
+     "data/d021/f0000.txt"),
+    ("ln -s data/d022 dl && echo x >> dl/f0000.txt && mv dl dl2 && mkdir dl && "
+     "echo y > dl/f0000.txt", "data/d022/f0000.txt"),
     # through /proc/self/fd, and from a child process
     ("exec 3<data/d016/f0000.txt && echo x > /proc/self/fd/3", "data/d016/f0000.txt"),
     ("sh -c 'python3 -c \"open(\\\"data/d017/f0000.txt\\\", \\\"a\\\").write(\\\"x\\\")\"'",
@@ -175,6 +181,30 @@ def test_a_folder_filled_elsewhere_and_renamed_into_place_lists_its_files(
     body = _bash(host, "mkdir t && echo evil > t/f && echo two > t/g && mv t made")
     assert _paths(body) == {"made/f": "created", "made/g": "created"}
     assert (ws / "made/f").read_text() == "evil\n"
+
+
+def test_a_file_another_command_changed_just_before_is_not_this_ones(
+        big: tuple[Host, Path]) -> None:
+    """The first command rewrites a file with its modification time put back; the
+    second, started a tick and a half of the file systems' clock later (well within the
+    20 ms an earlier version allowed for that clock), is walked (a file it wrote is
+    gone): only the second's own file is its change."""
+    host, _ = big
+    rewrite = ("python3 -c \"import os; p='data/d023/f0000.txt'; st=os.stat(p); "
+               "open(p,'wb').write(b'Y'*st.st_size); "
+               "os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\"")
+    walked = "echo x > tmp23 && echo y > kept23 && rm tmp23"
+    text = run_ok(host, f"import time\na = host.bash({rewrite!r})\n"
+                        "time.sleep(1.5 * time.clock_getres(5))  # CLOCK_REALTIME_COARSE\n"
+                        f"b = host.bash({walked!r})\n"
+                        "assert a.ok and b.ok, (a.stderr_tail, b.stderr_tail)\n"
+                        "print('receipts', a.receipt_id, b.receipt_id)")
+    ids = next(line.split()[1:] for line in text.splitlines() if line.startswith("receipts "))
+    first, second = (json.loads(host.ledger.query(
+        "SELECT body FROM receipts WHERE receipt_id = ?", (i,))[0]["body"]) for i in ids)
+    assert _paths(first) == {"data/d023/f0000.txt": "modified"}
+    assert second["changes_found_by"] == "traced_walk", second
+    assert _paths(second) == {"kept23": "created"}
 
 
 def test_a_folder_renamed_lists_its_files_gone_and_new(big: tuple[Host, Path]) -> None:

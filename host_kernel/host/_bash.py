@@ -34,7 +34,7 @@ from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confi
 from ..store.blobs import FileBlobStore, open_regular
 from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
 from ._redact import Redactor
-from ._workspace import FileStat, HashCache, Workspace, file_sha256
+from ._workspace import FileStat, HashCache, Workspace, ctime_clock_ns, file_sha256
 
 __all__ = ["CommandContext", "ExecutableCache", "Redactor", "kill_group", "resolve_executable",
            "run_command"]
@@ -362,7 +362,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     shadowed = shadowed_modules(last, last_cwd)
 
     started = time.time()
-    started_ns = time.time_ns()
+    started_ns = ctime_clock_ns()
     started_mono_ns = time.monotonic_ns()
     t0 = time.monotonic()
     proc: Any
@@ -487,7 +487,7 @@ def _find_changes(ctx: CommandContext, proc: Any,
     problem = None
     if trace is not None and pid:
         try:
-            seen = trace.for_command(pid, since_wall_ns=started_ns, since_ns=started_mono_ns)
+            seen = trace.for_command(pid, since_ctime_ns=started_ns, since_ns=started_mono_ns)
         except SandboxError as exc:
             problem = f"the tracer did not answer: {exc}"
     if before is not None:

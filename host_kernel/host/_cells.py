@@ -55,14 +55,14 @@ class RunningCell:
     io: CellIO = field(default_factory=CellIO)
     #: When the Host sent the cell: CLOCK_MONOTONIC (the tracer's clock) and wall time.
     start_ns: int = 0
-    start_wall_ns: int = 0
+    start_ctime_ns: int = 0
 
     @classmethod
     def now(cls, cell_id: str, generation: int, token: str, code: str) -> RunningCell:
         """A cell about to be sent, stamped as the tracer will see it."""
-        start_ns, start_wall_ns = now_ns()
+        start_ns, start_ctime_ns = now_ns()
         return cls(cell_id, generation, token, code, start_ns=start_ns,
-                   start_wall_ns=start_wall_ns)
+                   start_ctime_ns=start_ctime_ns)
 
 
 def join(first: str | None, second: str) -> str:
@@ -321,7 +321,7 @@ class CellRunner:
         if self.generations.trace is not None:
             try:
                 traced = self.generations.trace.for_cell(running.start_ns, time.monotonic_ns(),
-                                              since_wall_ns=running.start_wall_ns)
+                                              since_ctime_ns=running.start_ctime_ns)
             except SandboxError as exc:  # the generation ended (the kernel died)
                 body["lineage_error"] = f"trace: {exc}"
         copied = CopyPass()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sandbox.trace import FILE, MISSING, OTHER
-from ._trace import GONE, MAYBE, MOVED_IN, RENAME, SLACK_NS, WROTE, Before, TracedAccess
+from ._trace import GONE, MAYBE, MOVED_IN, RENAME, WROTE, Before, TracedAccess
 from ._workspace import (
     SKIPPED_FOLDERS,
     FileStat,
@@ -146,7 +146,8 @@ def after_trace(ws: Workspace, seen: TracedAccess | None, cache: HashCache,
                 start_ns: int, problem: str | None = None) -> Found:
     """The command's changes from what the tracer saw it do (``seen``; None when the
     tracer failed), or from a walk when that cannot be taken alone. ``start_ns`` is the
-    wall clock just before the command started."""
+    change-time clock (:func:`~._trace.ctime_clock_ns`) read just before the command
+    started: a file changed since has a change time at or after it."""
     if seen is not None and problem is None:
         if seen.error:
             problem = f"a process went untraced: {seen.error}"
@@ -174,6 +175,11 @@ def _candidates(ws: Workspace, seen: TracedAccess) -> dict[str, set[str]]:
     every file now under it (and the same name under where it came from)."""
     root = str(ws.root)
     out = {rel: set(how) for rel, how in seen.changed.items()}
+    # A before-state is kept under the path as the call resolved it: one under a name the
+    # command never used is a file it reached through a symlink, and may have changed by
+    # that other name (written through a link later renamed away and replaced, say).
+    for rel in seen.before:
+        out.setdefault(rel, {MAYBE})
     origins = {dst: src for kind, src, dst in seen.moves if kind == RENAME}
     for rel, how in list(out.items()):
         st = _lstat(os.path.join(root, rel))
@@ -290,7 +296,7 @@ def _from_trace(ws: Workspace, seen: TracedAccess, cache: HashCache,
     found = Found("traced")
     candidates = _candidates(ws, seen)
     others = set(seen.others)
-    old = start_ns - SLACK_NS
+    old = start_ns
     for rel in sorted(candidates):
         how = candidates[rel]
         path = os.path.join(root, rel)
@@ -387,7 +393,7 @@ def _walk(ws: Workspace, seen: TracedAccess | None, cache: HashCache, start_ns: 
     deletions the tracer saw. With ``keep_all`` false, a file only another owner was
     seen writing is theirs; a file nobody was seen writing is the command's. A file with
     no before-state of its own or of a folder above it is unproven."""
-    old = start_ns - SLACK_NS
+    old = start_ns
     found = Found("traced_walk", reason=reason)
     changed, found.truncated = changed_since(ws.root, ws.record, old, WALK_LIMIT)
     mine: dict[str, set[str]] = {} if seen is None else seen.changed

@@ -214,7 +214,7 @@ def _access_so_far(ctx: CallContext, cell: RunningCell, args: dict[str, Any]) ->
     if trace is not None:
         try:
             seen = trace.for_cell(cell.start_ns, None, consume=False,
-                                  since_wall_ns=cell.start_wall_ns)
+                                  since_ctime_ns=cell.start_ctime_ns)
             return seen.access(), TRACED
         except SandboxError:
             pass

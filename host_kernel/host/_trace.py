@@ -27,10 +27,10 @@ from typing import Any
 
 from ..sandbox.client import Sandbox
 from ..sandbox.trace import EXEC, LINK, READ, READ_WRITE, REMOVE, RENAME, WRITE
-from ._workspace import FileStat, Workspace
+from ._workspace import FileStat, Workspace, ctime_clock_ns
 
 __all__ = ["GONE", "KERNEL", "LINK", "MAYBE", "MOVED_IN", "RENAME", "SLACK_NS", "Before",
-           "TraceLog", "TracedAccess", "WROTE"]
+           "TraceLog", "TracedAccess", "WROTE", "now_ns"]
 
 #: The source of the kernel's own process tree (cells, their subprocesses and workers).
 KERNEL = 0
@@ -38,9 +38,10 @@ KERNEL = 0
 MAX_PENDING = 2_000_000
 #: Most paths of each kind kept in one owner's record entry.
 MAX_LISTED = 10_000
-#: A file opened for reading and writing counts as written when its change time is no
-#: earlier than this before the owner started (file systems stamp with a coarse clock).
+#: Another owner's write counts as made during a command when the tracer stamped it no
+#: earlier than this before the command started (monotonic).
 SLACK_NS = 20_000_000
+
 #: How an owner may have changed a path (:attr:`TracedAccess.changed`).
 WROTE, MOVED_IN, GONE, MAYBE = "w", "to", "from", "rw"
 _WRITE_KINDS = frozenset([WRITE, READ_WRITE, RENAME, LINK, REMOVE])
@@ -165,7 +166,7 @@ class TraceLog:
             del self._pending[:cut]
 
     def for_cell(self, start_ns: int, end_ns: int | None = None, *,
-                 consume: bool = True, since_wall_ns: int | None = None) -> TracedAccess:
+                 consume: bool = True, since_ctime_ns: int | None = None) -> TracedAccess:
         """The kernel tree's accesses up to ``end_ns`` (now when None); those before
         ``start_ns`` are reported as ``between``. ``consume=False`` leaves them for the
         cell's own end (a ``save_artifact`` in the middle of the cell)."""
@@ -187,7 +188,7 @@ class TraceLog:
                 self.dropped = 0
         before = [a for a in mine if a[0] < start_ns]
         during = [a for a in mine if a[0] >= start_ns] if before else mine
-        out = self._shape(during, since_wall_ns)
+        out = self._shape(during, since_ctime_ns)
         out.between = list(dict.fromkeys(
             rel for a in before for rel in map(self._relative, _paths(a)) if rel is not None))
         out.dropped = dropped
@@ -195,7 +196,7 @@ class TraceLog:
         self.workspace.stamps.put(out.reads, out.stamps)
         return out
 
-    def for_command(self, pid: int, since_wall_ns: int | None = None,
+    def for_command(self, pid: int, since_ctime_ns: int | None = None,
                     since_ns: int | None = None) -> TracedAccess:
         """The accesses of the command whose process is ``pid`` (in the sandbox), taken.
 
@@ -217,7 +218,7 @@ class TraceLog:
                             rel = self._inside(path)
                             if rel is not None:
                                 others[rel] = None
-        out = self._shape(mine, since_wall_ns)
+        out = self._shape(mine, since_ctime_ns)
         out.dropped = dropped
         out.error = self.error
         out.others = list(others)
@@ -234,7 +235,7 @@ class TraceLog:
         rel = self._inside(path)
         return _source_of_bytecode(rel) if rel else None
 
-    def _shape(self, accesses: list[tuple[Any, ...]], since_wall_ns: int | None) -> TracedAccess:
+    def _shape(self, accesses: list[tuple[Any, ...]], since_ctime_ns: int | None) -> TracedAccess:
         reads: dict[str, None] = {}
         writes: dict[str, None] = {}
         removes: dict[str, None] = {}
@@ -328,7 +329,7 @@ class TraceLog:
                 elif rel is not None:
                     removes[rel] = None  # moved out of it
         for rel in maybe_written:
-            if rel not in writes and self._changed_since(rel, since_wall_ns):
+            if rel not in writes and self._changed_since(rel, since_ctime_ns):
                 writes[rel] = None
         if stamps and changed:
             # A file this owner may have changed: its bytes at the end are not the stamp's.
@@ -338,8 +339,8 @@ class TraceLog:
         return TracedAccess(list(reads), list(writes), renames, list(removes),
                             changed=changed, moves=moves, stamps=stamps)
 
-    def _changed_since(self, rel: str, since_wall_ns: int | None) -> bool:
-        if since_wall_ns is None:
+    def _changed_since(self, rel: str, since_ctime_ns: int | None) -> bool:
+        if since_ctime_ns is None:
             return False
         try:
             st = os.stat(self.workspace.root / rel, follow_symlinks=False)
@@ -347,7 +348,7 @@ class TraceLog:
             return False
         # The change time, not the modification time: a process can set the latter back
         # (os.utime) but never the former.
-        return st.st_ctime_ns >= since_wall_ns - SLACK_NS
+        return st.st_ctime_ns >= since_ctime_ns
 
 
 def _at(access: tuple[Any, ...]) -> int:
@@ -375,5 +376,6 @@ def _source_of_bytecode(rel: str) -> str:
 
 
 def now_ns() -> tuple[int, int]:
-    """(monotonic, wall) nanoseconds: a cell's start as the tracer and the file system see it."""
-    return time.monotonic_ns(), time.time_ns()
+    """(monotonic, change-time clock) nanoseconds: a cell's start as the tracer and the
+    file system see it."""
+    return time.monotonic_ns(), ctime_clock_ns()

@@ -30,7 +30,8 @@ from .._errors import BadArguments, FileProblem, HostCallError, PathRefused, Sto
 from ..store.blobs import open_beneath, open_regular
 
 __all__ = ["SETTLED_NS", "SKIPPED_FOLDERS", "OpenStamps", "Workspace", "WrittenFile",
-           "birth_ns", "cached_hash", "cached_sha256", "changed_since", "file_sha256",
+           "birth_ns", "cached_hash", "cached_sha256", "changed_since", "ctime_clock_ns",
+           "file_sha256",
            "settled", "snapshot", "stat_key"]
 
 MAX_PATH_CHARS = 4096
@@ -230,6 +231,21 @@ HashCache = dict[str, tuple[FileStat, str, int]]
 #: key as it was; any change made after this long gets a change time of its own, which
 #: no process can set back, and the cached key no longer matches.
 SETTLED_NS = 50_000_000
+
+
+#: Linux's coarse wall clock (``CLOCK_REALTIME_COARSE``, which Python's time module does
+#: not name): the one file systems stamp change times with.
+_CLOCK_REALTIME_COARSE = 5
+
+
+def ctime_clock_ns() -> int:
+    """The wall clock as the file system reads it for change times (the coarse one, up
+    to a tick behind ``time.time_ns()``): a file changed after this reading has a change
+    time at or after it, and one whose change time is earlier was last changed before.
+    A change made in the same tick just before the reading may be stamped at it too: a
+    comparison against it can take a file changed up to one tick (4 ms here) early for
+    one changed after, never the other way round."""
+    return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
 
 
 def settled(ctime_ns: int, taken_ns: int) -> bool:
