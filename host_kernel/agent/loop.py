@@ -288,9 +288,9 @@ def run_agent(
     delegator = SubtaskRunner(llm, config, run_child=run_agent, prices=prices,
                               system_layers=layers, skills=catalog) if config else None
     options = HostOptions(front="agent", pool=pool, spare=spare, resume=resume,
-                          delegator=delegator, skills=catalog, hide_paths=hide_paths,
-                          ledger=ledger, ledger_key=ledger_key, blobs=blobs,
-                          baseline=baseline)
+                          delegator=delegator, skills=catalog,
+                          hide_paths=tuple(map(str, hide_paths)), ledger=ledger,
+                          ledger_key=ledger_key, blobs=blobs, baseline=baseline)
     host = Host(workdir, mode=mode, request=task if resume is None else None,
                 record_dir=record_dir, options=options)
     worker = HostThread()  # made once the Host's arguments were accepted: never left running

@@ -22,7 +22,7 @@ from queue import Empty
 from typing import Any
 
 import zmq
-from jupyter_client.blocking import BlockingKernelClient
+from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
@@ -117,7 +117,7 @@ def standby_argv(sandbox: Sandbox | None) -> list[str]:
     return argv
 
 
-class _OwnSpec(KernelSpecManager):  # type: ignore[misc]
+class _OwnSpec(KernelSpecManager):
     """Always the interpreter running the Host, with our extension: never a stray spec."""
 
     def __init__(self, argv: list[str], **kwargs: Any) -> None:
