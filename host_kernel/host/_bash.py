@@ -33,6 +33,7 @@ from .._errors import HostCallError
 from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confined
 from ..store.blobs import FileBlobStore, open_regular
 from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
+from ._direct import direct_argv
 from ._redact import Redactor
 from ._workspace import FileStat, HashCache, Workspace, ctime_clock_ns, file_sha256
 
@@ -360,6 +361,9 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     last_exe = executable if (last, last_cwd) == (command, cwd) else resolve_executable(
         last, last_cwd, path_env, known)
     shadowed = shadowed_modules(last, last_cwd)
+    # One plain command is exec'd as bash would exec it, without bash's own start.
+    direct = direct_argv(command, str(cwd), env)
+    argv, run_env = direct if direct is not None else (["bash", "-c", command], env)
 
     started = time.time()
     started_ns = ctime_clock_ns()
@@ -368,13 +372,13 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     proc: Any
     if ctx.sandbox is not None:
         try:
-            proc = popen_confined(ctx.sandbox, ["bash", "-c", command], cwd=str(cwd), env=env)
+            proc = popen_confined(ctx.sandbox, argv, cwd=str(cwd), env=run_env)
         except SandboxError as exc:
             raise HostCallError(f"the command could not start: {exc}; the kernel generation "
                                 f"that asked for it has ended", code="sandbox_stopped") from None
     else:
         proc = subprocess.Popen(
-            ["bash", "-c", command], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            argv, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )
     if ctx.on_start is not None:

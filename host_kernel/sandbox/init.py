@@ -133,11 +133,12 @@ def _exec_orders(msg: dict[str, Any], fds: list[int]) -> None:
 
 
 def _cannot_start(argv: list[str], exc: BaseException) -> None:
-    """Say why on the command's stderr and end the child; it never returns to init's loop."""
+    """Say why on the command's stderr and end the child; it never returns to init's loop.
+    The status is a shell's: 126 when the file may not be run, 127 otherwise."""
     try:
         os.write(2, f"host_kernel sandbox: cannot start {argv[:1]}: {exc}\n".encode())
     finally:
-        os._exit(127)
+        os._exit(126 if isinstance(exc, PermissionError) else 127)
 
 
 def _confine_self(rulesets: list[int], new_session: bool) -> None:
