@@ -34,6 +34,9 @@ PARSE = textwrap.dedent("""
                        a.connection_file, a.extra_extensions] for a in (own, ahead)]))
 """)
 
+#: Run first in a kernel: its count, inputs and outputs so far.
+FIRST = "print(get_ipython().execution_count, In, Out)"
+
 #: Run in a kernel: what its start made of its configuration and profile folder.
 PROBE = textwrap.dedent("""
     import json, os
@@ -79,12 +82,32 @@ def test_a_warm_kernel_is_configured_as_a_cold_one(tmp_path: Path) -> None:
                                      "'generation_started' AND session = ?",
                                      (host.session_id,))
             assert json.loads(rows[0]["body"])["warm"]["used"] is True
+            # The standby built its first cell's patterns ahead, but ran no cell.
+            first_warm = host.execute(FIRST).text
             obs = host.execute(PROBE)
             assert obs.status == "ok", obs.text
             warm = json.loads(obs.text)
     with Host(root / "cold", factory=False) as host:
+        first_cold = host.execute(FIRST).text
         obs = host.execute(PROBE)
         assert obs.status == "ok", obs.text
         cold = json.loads(obs.text)
     assert warm == cold
+    assert first_warm == first_cold
+    assert first_warm.endswith(f" ['', {FIRST!r}] {{}}\n")
     assert "profile_default/startup/README" in [path for path, _ in warm["tree"]]
+
+
+def test_warming_the_first_cell_builds_its_patterns_and_runs_nothing() -> None:
+    code = textwrap.dedent("""
+        import tokenize
+        from host_kernel.kernel.standby import warm_first_cell
+        before = tokenize._compile.cache_info().currsize
+        warm_first_cell()
+        from IPython.core.interactiveshell import InteractiveShell
+        print(before, tokenize._compile.cache_info().currsize > 0, InteractiveShell.initialized())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True", "False"]
