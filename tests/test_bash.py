@@ -142,6 +142,20 @@ def test_workspace_script_as_runner_is_flagged(host: Host, workdir: Path) -> Non
     assert _receipt(host, obs2.cell_id)["executable_in_workspace"] is True
 
 
+def test_a_file_named_as_a_command_is_hashed_only_when_it_could_run(
+        host: Host, tmp_path: Path) -> None:
+    """A cell naming any file the Host can read as its command learns nothing of its bytes:
+    the receipt hashes an executable, and a file that is not one is no executable."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("1234\n")
+    secret.chmod(0o600)
+    obs = host.execute(f"r = host.bash({str(secret)!r})\nprint(r.exit_status)")
+    rec = _receipt(host, obs.cell_id)
+    assert rec["exit_status"] in (126, 127)  # not executable, or not in the sandbox's view
+    assert rec["executable"] is None and rec["executable_sha256"] is None
+    assert hashlib.sha256(b"1234\n").hexdigest() not in json.dumps(rec)
+
+
 def test_secret_values_are_redacted_everywhere_in_the_record(
         workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "sk-live-1234567890abcdef"

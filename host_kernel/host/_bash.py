@@ -131,7 +131,11 @@ def resolve_executable(command: str, cwd: Path, path_env: str,
     first = words[0]
     if "/" in first:
         candidate = (cwd / first) if not os.path.isabs(first) else Path(first)
-        return str(Path(os.path.realpath(candidate))) if candidate.exists() else None
+        # Only a file bash could run (as which asks of a PATH entry): the receipt's hash
+        # of it must not tell a cell what any other file the Host can read holds.
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+            return None
+        return str(Path(os.path.realpath(candidate)))
     if first in _BASH_ONLY_BUILTINS:
         return None
     found = (shutil.which(first, path=path_env) if cache is None
