@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -486,3 +488,44 @@ def test_a_garbled_or_repeated_request_is_answered_and_the_factory_goes_on(
             standby.close()  # type: ignore[attr-defined]
         lease.close()
     assert served.hello()["stats"]["handed_out"] == 1  # type: ignore[index]
+
+
+def test_a_servers_socket_appears_only_once_it_listens() -> None:
+    """The factory's and the zygote's socket is bound under a short name of its own and
+    renamed into place listening: a client that finds the path is answered, never
+    refused (which it would take for a dead server, and start another). A dead server's
+    socket is replaced; a failed start leaves nothing."""
+    short = Path(tempfile.mkdtemp(prefix="hk"))  # tmp_path may leave no room below
+    try:
+        _listen_at_replaces_and_appears_listening(short)
+    finally:
+        shutil.rmtree(short)
+
+
+def _listen_at_replaces_and_appears_listening(tmp_path: Path) -> None:
+    import socket as _socket
+
+    from host_kernel._procs import listen_at
+
+    # As long as a socket's path may be (107 bytes): the staging name must still fit.
+    path = tmp_path / ("f" * (107 - len(str(tmp_path)) - 6) + ".sock")
+    assert len(str(path)) == 107
+    stale = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    stale.bind(str(path))
+    stale.close()  # a dead server's socket file: connecting to it is refused
+    with pytest.raises(ConnectionRefusedError):
+        with _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET) as probe:
+            probe.connect(str(path))
+    listener = listen_at(str(path), _socket.SOCK_SEQPACKET, 4)
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        with _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET) as client:
+            client.connect(str(path))
+            conn, _ = listener.accept()
+            conn.close()
+        assert sorted(os.listdir(tmp_path)) == [path.name]
+    finally:
+        listener.close()
+    with pytest.raises(OSError):
+        listen_at(str(tmp_path / "missing" / "x.sock"), _socket.SOCK_STREAM, 1)
+    assert sorted(os.listdir(tmp_path)) == [path.name]

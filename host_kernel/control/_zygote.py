@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .._launch import ENTRIES, REPLY_TIMEOUT, read_line, socket_path, startup
+from .._procs import listen_at
 
 __all__ = ["Zygote", "main"]
 
@@ -72,12 +73,8 @@ class Zygote:
     def serve(self) -> int:
         import selectors
 
-        listener = self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()  # a dead zygote's (we hold the lock)
-        listener.bind(str(self.path))
-        os.chmod(self.path, 0o600)
-        listener.listen(16)
+        # Replaces a dead zygote's socket (we hold the lock); appears only once listening.
+        listener = self._listener = listen_at(str(self.path), socket.SOCK_STREAM, 16)
         inode = os.stat(self.path).st_ino
         self._sel.register(listener, selectors.EVENT_READ)
         while True:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._procs import listen_at
 from ..host._pool import HostPool, Standby
 from ..sandbox.limits import KernelLimits
 from ._adopt import forget, handover
@@ -138,16 +139,9 @@ class Factory:
         except OSError:
             os.close(lock)
             return 0  # another factory serves this user and installation
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener = listen_at(str(self.place.socket), socket.SOCK_SEQPACKET, 64)
         try:
-            try:
-                os.unlink(self.place.socket)
-            except FileNotFoundError:
-                pass
-            listener.bind(str(self.place.socket))
-            os.chmod(self.place.socket, 0o600)
             inode = os.stat(self.place.socket).st_ino
-            listener.listen(64)
             signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
             self.pool.start()
             self._log(f"serving {self.place.socket} (pid {os.getpid()}, "

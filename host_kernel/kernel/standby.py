@@ -95,7 +95,7 @@ def warm_first_cell() -> None:
 
     from IPython.core.inputtransformer2 import TransformerManager
 
-    code = TransformerManager().transform_cell("x = 1\n")
+    code = TransformerManager().transform_cell("x = 1\n")  # type: ignore[no-untyped-call]
     compile(ast.parse(code), "<warm>", "exec")
 
 
