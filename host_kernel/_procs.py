@@ -4,6 +4,7 @@ socket the per-user servers (the kernel factory, the relay zygote) put in place.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 
 __all__ = ["listen_at", "pid_alive"]
@@ -27,7 +28,7 @@ def listen_at(path: str, kind: int, backlog: int) -> socket.socket:
     bound but refusing, and so never takes a live server for a dead one."""
     listener = socket.socket(socket.AF_UNIX, kind)
     # Short: a Unix socket's path has room for about 107 bytes, and ``path`` may use most.
-    staging = os.path.join(os.path.dirname(path), f".{os.getpid():x}")
+    staging = os.path.join(os.path.dirname(path), f".{os.getpid():x}-{secrets.token_hex(3)}")
     try:
         try:
             os.unlink(staging)

@@ -68,6 +68,11 @@ def test_an_environment_bash_would_act_on_goes_through_bash(
     assert direct_argv("ls", str(tmp_path), ENV | extra) is None, extra
 
 
+def test_no_path_goes_through_bash(tmp_path: Path) -> None:
+    """Bash's own PATH when none is set differs from Python's default (it ends in ".")."""
+    assert direct_argv("ls", str(tmp_path), {"HOME": "/root"}) is None
+
+
 def test_a_file_bash_would_read_as_a_script_or_could_not_run_goes_through_bash(
         tmp_path: Path) -> None:
     script = tmp_path / "noshebang"

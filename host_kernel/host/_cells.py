@@ -53,7 +53,8 @@ class RunningCell:
     token: str
     code: str = ""
     io: CellIO = field(default_factory=CellIO)
-    #: When the Host sent the cell: CLOCK_MONOTONIC (the tracer's clock) and wall time.
+    #: When the Host sent the cell: CLOCK_MONOTONIC (the tracer's clock), and the clock
+    #: file systems stamp change times with (``_workspace.ctime_clock_ns``).
     start_ns: int = 0
     start_ctime_ns: int = 0
 

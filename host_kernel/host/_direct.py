@@ -20,7 +20,7 @@ it names the working folder, otherwise the folder's physical path, ``OLDPWD`` dr
 unless it names a folder, ``SHLVL`` ``0`` when unset, and ``_`` the path the command
 was found at. Anything else goes through bash as before: a variable bash sets or reads
 for itself (``BASH_ENV``, an exported function, ``IFS``, ``PS4``, ``OPTIND``, ...), a
-``SHLVL`` bash would warn about or reset, a relative PATH entry.
+``SHLVL`` bash would warn about or reset, no PATH or a relative entry in it.
 """
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def direct_argv(command: str, cwd: str, env: Mapping[str, str]
     level = env.get("SHLVL")
     if level is not None and not (_SHLVL.fullmatch(level) and int(level) < 999):
         return None
-    found = _found(first, cwd, env.get("PATH", os.defpath))
+    path = env.get("PATH")
+    if path is None:
+        return None  # bash then searches a PATH of its own, "." among it
+    found = _found(first, cwd, path)
     if found is None or not _runs_without_bash(found, cwd):
         return None
     out = {name: value for name, value in env.items() if name not in _DROPPED}
