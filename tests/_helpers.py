@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -41,6 +42,17 @@ def bash_exit_cell(command: str, name: str = "r") -> str:
             f"try:\n    {name} = host.bash({command!r})\n"
             "finally:\n    del os.environ['PYTEST_DISABLE_PLUGIN_AUTOLOAD']\n"
             f"print('EXIT', {name}.exit_status)")
+
+
+def bash_receipt(host: Host, command: str) -> dict[str, Any]:
+    """Run ``command`` with ``host.bash`` in a cell that must succeed; the body of the
+    receipt the Host recorded for it (read from the record, not from the kernel)."""
+    text = run_ok(host, f"r = host.bash({command!r})\nprint('receipt', r.receipt_id)")
+    receipt_id = next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("receipt "))
+    assert host.ledger is not None
+    rows = host.ledger.query("SELECT body FROM receipts WHERE receipt_id = ?", (receipt_id,))
+    return dict(json.loads(rows[0]["body"]))
 
 
 def wait_for(predicate: Callable[[], object], seconds: float, what: str) -> None:

@@ -9,14 +9,13 @@ bash reads as the same command but which is not plain, so bash runs it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import run_ok
+from _helpers import bash_receipt, run_ok
 
 from host_kernel import Host
 from host_kernel.host import _bash
@@ -50,6 +49,8 @@ def test_a_plain_line_is_execd_as_its_words(tmp_path: Path, line: str) -> None:
     # an assignment, builtins and keywords
     "A=1 env", "cd data", "echo hi", "pwd", "test -f x", "exec ls", "source x",
     "true --help", "false x", "time ls", "if", "kill 1", "printf x",
+    # whitespace to Python, part of a word to bash
+    "ls\xa0-l", "ls\x1c-l", "ls -l\u2003x", "ls\u3000data",
     # nothing to run, or nothing bash would exec
     "", "   ", "no-such-command-here", "./missing.sh",
 ])
@@ -129,10 +130,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Host]:
 
 def _run(host: Host, line: str) -> tuple[dict[str, Any], str, str]:
     """Run ``line`` with host.bash; its receipt body, stdout and stderr (whole)."""
-    text = run_ok(host, f"r = host.bash({line!r})\nprint('receipt', r.receipt_id)")
-    rid = next(x.split()[1] for x in text.splitlines() if x.startswith("receipt "))
-    body = json.loads(host.ledger.query("SELECT body FROM receipts WHERE receipt_id = ?",
-                                        (rid,))[0]["body"])
+    body = bash_receipt(host, line)
     assert host.blobs is not None
     out = host.blobs.read(body["stdout_sha256"]).decode()
     err = host.blobs.read(body["stderr_sha256"]).decode()
@@ -181,6 +179,16 @@ def test_what_only_bash_can_run_or_report_still_goes_through_bash(
     assert body["exit_status"] == status, (out, err)
     assert ("plain script" in out) == (line == "./plain")
     assert status == 0 or "bash" in err
+
+
+def test_a_space_only_python_splits_on_is_part_of_the_word_as_bash_reads_it(
+        host: Host) -> None:
+    """``ls<U+00A0>data`` is one word to bash, a command that does not exist; run as
+    Python splits it, it would list data and the receipt would say exit 0 for a line
+    that fails."""
+    body, out, err = _run(host, "ls\xa0data")
+    assert body["exit_status"] == 127, (out, err)
+    assert "a.txt" not in out and "command not found" in err
 
 
 def test_a_changed_environment_in_the_kernel_decides_per_call(host: Host) -> None:

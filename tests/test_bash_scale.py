@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _helpers import run_ok
+from _helpers import bash_receipt, run_ok
 
 from host_kernel import Host
 from host_kernel.host import _workspace
@@ -40,13 +40,10 @@ def _fill(root: Path, n: int = FILES) -> None:
 
 
 def _bash(host: Host, command: str) -> dict[str, Any]:
-    """Run ``command`` with host.bash in a cell; return its receipt's body."""
-    text = run_ok(host, f"r = host.bash({command!r})\nassert r.ok, r.stderr_tail\n"
-                        f"print('receipt', r.receipt_id)")
-    receipt_id = next(line.split()[1] for line in text.splitlines()
-                      if line.startswith("receipt "))
-    rows = host.ledger.query("SELECT body FROM receipts WHERE receipt_id = ?", (receipt_id,))
-    return dict(json.loads(rows[0]["body"]))
+    """Run ``command`` with host.bash in a cell; its receipt's body (it must succeed)."""
+    body = bash_receipt(host, command)
+    assert body["exit_status"] == 0 and not body["timed_out"], body["stderr_tail"]
+    return body
 
 
 def _paths(body: dict[str, Any]) -> dict[str, str]:

@@ -366,7 +366,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         last, last_cwd, path_env, known)
     shadowed = shadowed_modules(last, last_cwd)
     # One plain command is exec'd as bash would exec it, without bash's own start.
-    direct = direct_argv(command, str(cwd), env)
+    direct = direct_argv(command, str(cwd), env, None if known is None else known.which)
     argv, run_env = direct if direct is not None else (["bash", "-c", command], env)
 
     started = time.time()

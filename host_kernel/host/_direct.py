@@ -9,7 +9,8 @@ Host asks for that exec itself: :func:`direct_argv` says when a line is plain, a
 argv and environment bash would have exec'd it with.
 
 A line is plain when its words hold only letters, digits and ``_ . / , : + @ % -``
-(and ``=`` after the first word), separated by spaces or tabs: nothing bash would
+(and ``=`` after the first word), separated by spaces or tabs (only those: Python's
+other whitespace, U+00A0 say, is part of a word to bash): nothing bash would
 expand, quote, redirect, glob or treat as a keyword. Its first word names no bash
 builtin or keyword (``true`` and ``false`` without arguments excepted: the programs
 do exactly what the builtins do) and is found, as bash would find it, as a file that
@@ -28,15 +29,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .._errors import HostKernelError
 from ..store.blobs import open_regular
 
 __all__ = ["direct_argv"]
 
-#: One plain word: nothing bash expands, quotes, globs or redirects.
-_PLAIN = re.compile(r"[A-Za-z0-9_./,:+@%=-]+")
+#: A plain line: words of characters bash neither expands, quotes, globs nor redirects,
+#: separated by what bash separates words with on one line, spaces and tabs (not the
+#: other characters Python's ``str.split`` takes for whitespace, such as U+00A0).
+_PLAIN_LINE = re.compile(r"[ \t]*[A-Za-z0-9_./,:+@%=-]+(?:[ \t]+[A-Za-z0-9_./,:+@%=-]+)*[ \t]*")
+_BLANKS = re.compile(r"[ \t]+")
 #: Bash 5's builtins and reserved words: a line starting with one runs in bash.
 _BASH_WORDS = frozenset(
     ". : [ alias bg bind break builtin caller cd command compgen complete compopt "
@@ -59,15 +63,17 @@ _DROPPED = ("PS1", "PS2")
 _SHLVL = re.compile(r"[0-9]{1,3}")
 
 
-def direct_argv(command: str, cwd: str, env: Mapping[str, str]
+def direct_argv(command: str, cwd: str, env: Mapping[str, str],
+                which: Callable[[str, str], str | None] | None = None
                 ) -> tuple[list[str], dict[str, str]] | None:
     """The argv and environment bash would exec ``command`` with, or None when the line
-    is not one plain command (module docstring) and must go through bash."""
-    words = command.split()
-    if not words or "\n" in command or "\r" in command or "\f" in command or "\v" in command:
+    is not one plain command (module docstring) and must go through bash. ``which`` is
+    the PATH lookup to use (the Host's remembered one); ``shutil.which`` by default."""
+    if not _PLAIN_LINE.fullmatch(command):
         return None
+    words = _BLANKS.split(command.strip(" \t"))
     first = words[0]
-    if "=" in first or not all(_PLAIN.fullmatch(w) for w in words):
+    if "=" in first:
         return None
     if first in _BASH_WORDS and not (first in _SAME_WITHOUT_ARGS and len(words) == 1):
         return None
@@ -79,7 +85,7 @@ def direct_argv(command: str, cwd: str, env: Mapping[str, str]
     path = env.get("PATH")
     if path is None:
         return None  # bash then searches a PATH of its own, "." among it
-    found = _found(first, cwd, path)
+    found = _found(first, cwd, path, which)
     if found is None or not _runs_without_bash(found, cwd):
         return None
     out = {name: value for name, value in env.items() if name not in _DROPPED}
@@ -92,7 +98,8 @@ def direct_argv(command: str, cwd: str, env: Mapping[str, str]
     return words, out
 
 
-def _found(first: str, cwd: str, path: str) -> str | None:
+def _found(first: str, cwd: str, path: str,
+           which: Callable[[str, str], str | None] | None) -> str | None:
     """The path bash would exec for ``first``: as typed when it holds a slash, else the
     first executable file of that name along PATH. None when PATH has a relative (or
     empty) entry, which bash reads from the command's folder, not the Host's."""
@@ -102,7 +109,7 @@ def _found(first: str, cwd: str, path: str) -> str | None:
     folders = path.split(os.pathsep)
     if not all(os.path.isabs(folder) for folder in folders):
         return None
-    return shutil.which(first, path=path)
+    return which(first, path) if which is not None else shutil.which(first, path=path)
 
 
 def _runs_without_bash(found: str, cwd: str) -> bool:
