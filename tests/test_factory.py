@@ -516,7 +516,18 @@ def _listen_at_replaces_and_appears_listening(tmp_path: Path) -> None:
     with pytest.raises(ConnectionRefusedError):
         with _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET) as probe:
             probe.connect(str(path))
-    listener = listen_at(str(path), _socket.SOCK_SEQPACKET, 4)
+    listening = _socket.socket.listen
+
+    def watched(self: _socket.socket, *args: int) -> None:
+        # The moment a client must not see: bound at the path, not yet listening.
+        assert self.getsockname() != str(path)
+        listening(self, *args)
+
+    _socket.socket.listen = watched  # type: ignore[method-assign]
+    try:
+        listener = listen_at(str(path), _socket.SOCK_SEQPACKET, 4)
+    finally:
+        _socket.socket.listen = listening  # type: ignore[method-assign]
     try:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         with _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET) as client:

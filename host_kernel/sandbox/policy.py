@@ -183,14 +183,13 @@ class Policy:
                       self.readable_files + (_real(connection_file),), self.hidden,
                       self.network, self.interpreter)
 
+    def _writable_covers(self, path: str) -> bool:
+        """Whether a writable folder is ``path`` or lies above it."""
+        return any(path == w or path.startswith(w.rstrip("/") + "/") for w in self.writable)
+
     def interpreter_writable(self) -> list[str]:
         """Parts of the interpreter's installation that a writable folder covers."""
-        out = []
-        for inst in self.interpreter:
-            for w in self.writable:
-                if inst == w or inst.startswith(w.rstrip("/") + "/"):
-                    out.append(inst)
-        return out
+        return [inst for inst in self.interpreter if self._writable_covers(inst)]
 
     def host_path_writable(self) -> list[str]:
         """Folders on this (the Host's) process's import path that a writable folder
@@ -206,7 +205,7 @@ class Policy:
                 where = _real(entry or os.getcwd())
             except OSError:  # the working folder is gone: nothing is imported from it
                 continue
-            if any(where == w or where.startswith(w.rstrip("/") + "/") for w in self.writable):
+            if self._writable_covers(where):
                 out.append(where)
         return list(dict.fromkeys(out))
 
