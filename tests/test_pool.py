@@ -223,6 +223,7 @@ def test_a_pool_refills_and_each_session_gets_its_own_kernel(pool: HostPool,
             env = second.execute("import os; print(os.environ['HOST_KERNEL_SESSION'])")
             assert second.session_id in env.text
             _started_without_the_debugger(second)
+            _started_without_listing_interfaces(second)
     assert pool.stats["handed_out"] == 2
 
 
@@ -236,9 +237,44 @@ def _started_without_the_debugger(host: Host) -> None:
     assert reply.status == "ok" and reply.text.strip() == "debugpy", reply.text
 
 
+def _started_without_listing_interfaces(host: Host) -> None:
+    """The kernel read its connection file's address without working out a default one
+    (jupyter_client's ``localhost()`` imports psutil to list every interface)."""
+    out = host.execute("import sys\nprint('psutil' in sys.modules)")
+    assert out.status == "ok" and out.text.strip().endswith("False"), out.text
+
+
 def test_a_cold_kernel_starts_without_the_debugger(host: Host) -> None:
     assert _generations(host)[0].get("warm") is None
     _started_without_the_debugger(host)
+    _started_without_listing_interfaces(host)
+
+
+def test_a_refill_waits_while_another_standby_waits(roots: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby started beside one just handed out would take a core from the session's
+    kernel while it starts: the refill waits (QUIET) while another standby is still there
+    to serve, and starts at once when none is."""
+    from host_kernel.host import _pool
+
+    monkeypatch.setattr(_pool, "QUIET", 600.0)
+    with HostPool(size=2, roots=[roots]) as pool:
+        assert pool.wait_ready(90), pool.broken
+        first = pool.take()
+        assert first is not None
+        try:
+            time.sleep(1.0)
+            assert pool.stats["started"] == 2 and not pool._starting
+            assert len(pool.pids()) == 1
+            second = pool.take()
+            assert second is not None
+            try:
+                _until(lambda: pool.stats["started"] == 3, 90)  # at once, not in 600 s
+                _until(lambda: len(pool.pids()) == 1, 90)
+            finally:
+                second.close()
+        finally:
+            first.close()
 
 
 def test_a_session_that_hides_a_name_the_standby_holds_starts_cold(roots: Path,

@@ -50,6 +50,12 @@ __all__ = ["HostPool", "Standby"]
 
 #: Starts that fail in a row before the pool stops trying (and says why).
 MAX_FAILURES = 3
+#: Seconds the refill waits after a hand-out while another standby still waits. The
+#: standby just handed out is starting its session's kernel; a new one started beside it
+#: takes a core from it (importing ipykernel is a core's work), which made a warm
+#: start's last step (the kernel's initialisation, 20 ms alone) take twice as long.
+#: With no standby left, the refill starts at once: a session may be waiting for it.
+QUIET = 1.0
 
 
 def _now() -> str:
@@ -109,7 +115,8 @@ class HostPool:
     the standbys cannot serve (workspace outside the roots, a secret name in their
     environment, tracing or confinement not as theirs) starts cold, and its record
     says why. Use as a context manager, or call :meth:`start` and :meth:`close`;
-    closing stops every standby not yet handed out.
+    closing stops every standby not yet handed out. A standby handed out is replaced
+    at once when none is left, else after :data:`QUIET` seconds.
     """
 
     def __init__(self, size: int = 2, *, roots: Sequence[str | os.PathLike[str]] | None = None,
@@ -150,6 +157,8 @@ class HostPool:
         self._idle: list[Standby] = []
         #: Whether the refilling thread is starting a standby now.
         self._starting = False
+        #: When the last standby was handed out (``time.monotonic``): see :data:`QUIET`.
+        self._handed_at = -QUIET
         self._failures = 0
         #: Why the pool stopped refilling, if it did.
         self.broken: str | None = None
@@ -290,6 +299,7 @@ class HostPool:
             self.stats["replaced"] += len(dead)
             if chosen is not None:
                 self.stats["handed_out"] += 1
+                self._handed_at = time.monotonic()
             self._cond.notify_all()
         for standby in dead:
             standby.close()
@@ -306,8 +316,14 @@ class HostPool:
     def _refill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and len(self._idle) >= self.size:
-                    self._cond.wait()
+                while not self._closed:
+                    if len(self._idle) >= self.size:
+                        self._cond.wait()
+                        continue
+                    quiet = self._handed_at + QUIET - time.monotonic()
+                    if not self._idle or quiet <= 0:
+                        break
+                    self._cond.wait(quiet)  # another standby still waits: no hurry
                 if self._closed or (not self.refill and self.stats["started"] >= self.size):
                     return
                 self._starting = True

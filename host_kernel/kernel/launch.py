@@ -17,6 +17,12 @@ this module decides anything: it only saves the kernel work.
 kernel's IOPub socket: past it a publisher drops messages silently, and a Host reading
 late (a loaded machine) lost outputs and even a cell's ``idle`` status, and waited on.
 What the Host keeps of a cell's outputs is bounded by its own budget.
+
+:func:`no_interface_scan` keeps the kernel from listing the machine's network
+interfaces while it reads its connection file: jupyter_client works out the default
+address (``localhost()``, which imports ``psutil`` and asks it for every interface)
+even when the file names the address, as every connection file of ours does. That was
+a quarter of a warm kernel's start after its orders.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
-__all__ = ["allow_debugger", "skip_debugger", "unbounded_iopub"]
+__all__ = ["allow_debugger", "no_interface_scan", "skip_debugger", "unbounded_iopub"]
 
 #: The top-level packages a kernel does not import while it starts.
 SKIPPED = frozenset({"debugpy", "_pydevd_bundle", "pydevd"})
@@ -82,6 +88,34 @@ def unbounded_iopub() -> None:
     app.init_iopub = init_iopub
 
 
+def no_interface_scan() -> None:
+    """Have ``IPKernelApp`` read a connection file that names its address without first
+    working out the default one (``info.get("ip", self._ip_default())`` in
+    jupyter_client's ``load_connection_info`` computes it either way). A file without an
+    address still gets the default, computed as before."""
+    from ipykernel import kernelapp
+
+    app: Any = kernelapp.IPKernelApp
+    load = app.load_connection_info
+    if getattr(load, "host_kernel_no_scan", False):
+        return
+
+    def load_connection_info(self: Any, info: Any) -> None:
+        if not isinstance(info, dict) or not isinstance(info.get("ip"), str):
+            load(self, info)
+            return
+        named = info["ip"]
+        self.__dict__["_ip_default"] = lambda: named  # read once, by load below
+        try:
+            load(self, info)
+        finally:
+            self.__dict__.pop("_ip_default", None)
+
+    load_connection_info.host_kernel_no_scan = True  # type: ignore[attr-defined]
+    load_connection_info.__wrapped__ = load  # type: ignore[attr-defined]
+    app.load_connection_info = load_connection_info
+
+
 def main() -> None:
     # As ipykernel_launcher does: the start folder off the path while ipykernel imports
     # (IPython's init_path puts '' back, which is then the session's workspace).
@@ -89,6 +123,7 @@ def main() -> None:
         del sys.path[0]
     skip_debugger()
     unbounded_iopub()
+    no_interface_scan()
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance()

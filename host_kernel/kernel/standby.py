@@ -78,12 +78,13 @@ class StandbyError(RuntimeError):
 def preload() -> None:
     import importlib
 
-    from .launch import skip_debugger, unbounded_iopub
+    from .launch import no_interface_scan, skip_debugger, unbounded_iopub
 
     skip_debugger()  # as a cold kernel starts: no debugger, no debugpy (a fifth of the imports)
     for name in PRELOAD:
         importlib.import_module(name)  # a failure here would fail the kernel's start anyway
     unbounded_iopub()  # as a cold kernel starts
+    no_interface_scan()  # as a cold kernel starts
     warm_first_cell()
 
 
