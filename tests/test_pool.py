@@ -310,6 +310,36 @@ def test_a_pool_hides_the_names_an_iterator_gives_it(monkeypatch: pytest.MonkeyP
                         hidden=frozenset({"LAB_PROJECT_ID"})) is None
 
 
+def test_a_process_started_otherwise_than_its_kernelspec_says_is_not_adopted(
+        tmp_path: Path) -> None:
+    """A pool starts its standbys' processes itself, before jupyter_client is imported,
+    and hands them to a KernelManager after (host/_kernel.py ``started_manager``): only
+    a process started with the very command jupyter_client would have made of the
+    kernelspec is taken."""
+    from host_kernel import KernelError
+    from host_kernel.host._kernel import started_manager, stop_manager
+
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "-f", "{connection_file}"]
+    conn = tmp_path / "kernel.json"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    try:
+        with pytest.raises(KernelError, match="another command line"):
+            started_manager(conn, argv, other)
+        assert not conn.exists()
+    finally:
+        other.kill()
+        other.wait()
+    same = subprocess.Popen([a.replace("{connection_file}", str(conn)) for a in argv],
+                            start_new_session=True)
+    manager = started_manager(conn, argv, same)
+    try:
+        assert manager.is_alive() and json.loads(conn.read_text())["transport"] == "ipc"
+    finally:
+        stop_manager(manager, None, None)
+    assert same.poll() is not None and not conn.exists()
+
+
 def test_bad_pool_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(BadArguments):
         HostPool(size=0)

@@ -10,6 +10,7 @@ And the standby is started before ``host.bash``'s machinery is imported.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,46 @@ def test_a_cell_s_modules_come_when_the_tracker_is_first_used(tmp_path: Path) ->
         "import sys; assert 'host_kernel.lineage.flow' not in sys.modules\n"
         "lineage.tracker.forget_names()")
     assert "host_kernel.lineage.flow" in modules
+
+
+def test_a_one_shot_pool_launches_its_standby_before_jupyter_client(tmp_path: Path) -> None:
+    """The control kernel's early standby is launched by ``HostPool.start()`` itself, in
+    the caller's thread and before jupyter_client is imported (its imports took a tenth
+    of a second ahead of the launch); the pool's thread gives it its KernelManager. Here
+    that thread is kept from starting: the standby's process must already run when
+    start() returns, and closing the pool ends it."""
+    (tmp_path / "ws").mkdir()
+    code = f"""
+import os, sys, threading
+from host_kernel.host._pool import HostPool
+assert "jupyter_client" not in sys.modules and "zmq" not in sys.modules
+pool = HostPool(size=1, roots=[{str(tmp_path / "ws")!r}], refill=False)
+real = threading.Thread.start
+threading.Thread.start = lambda self: None
+try:
+    pool.start()
+finally:
+    threading.Thread.start = real
+def children():
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{{tid}}/children") as f:
+            out |= {{int(p) for p in f.read().split()}}
+    return out
+launched = children()
+print("launched", len(launched), "jupyter_client" in sys.modules)
+pool._thread = None
+pool.close()
+for pid in launched:
+    try:
+        os.kill(pid, 0)
+        print("alive", pid)
+    except ProcessLookupError:
+        pass
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "HOST_KERNEL_FACTORY": "off"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "launched 1 False", out.stdout
+    assert not [line for line in lines if line.startswith("alive")], out.stdout

@@ -13,8 +13,7 @@ import json
 import os
 import signal
 import socket
-import sys
-import tempfile
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,96 +24,25 @@ import zmq
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
 from .._errors import KernelError
 from ..sandbox.client import Sandbox, SandboxError
-from ..sandbox.init import SPAWNER_PID
+from ._argv import (
+    EXTENSION,
+    LAUNCHER,
+    kernel_argv,
+    kernel_env,
+    pinned,
+    short_tempdir,
+    standby_argv,
+)
 
-__all__ = ["KernelGeneration", "kernel_env", "standby_argv"]
+__all__ = ["EXTENSION", "LAUNCHER", "KernelGeneration", "kernel_argv", "kernel_env", "pinned",
+           "short_tempdir", "standby_argv"]
 
-EXTENSION = "host_kernel.kernel.extension"
 #: Milliseconds between a client's tries to connect to a kernel that has not bound yet.
 RECONNECT_MS = 5
-
-
-#: ipykernel's launcher less the debugger's imports (no front of ours offers it).
-LAUNCHER = "host_kernel.kernel.launch"
-#: This installation's ``host_kernel`` package, imported by name from its own folder.
-_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def pinned(module: str) -> list[str]:
-    """``python -c …``: run ``MODULE.main()`` of *this* installation's host_kernel.
-
-    Not ``-m MODULE``: that finds ``host_kernel`` on the kernel's path, where the
-    session's own folders come first (the workspace for ``-m``, the package overlay
-    through ``PYTHONPATH``), so a ``host_kernel/`` a cell left there would stand in for
-    ours and the next kernel would not start (tests/test_confinement.py). Our folder is
-    first only while the package itself imports (its ``__init__`` imports nothing
-    else), then the path is as it was, and every ``host_kernel.…`` import after
-    resolves through the package found here. (Not ``-P``: IPython then leaves the
-    workspace off the kernel's path, and a cell could not import its own modules.)
-    """
-    code = (f"import sys;sys.path.insert(0,{_ROOT!r});import host_kernel;del sys.path[0];"
-            f"from {module} import main;sys.exit(main())")
-    return [sys.executable, "-c", code]
-
-
-def kernel_argv(sandbox: Sandbox | None) -> list[str]:
-    """The kernel's command line: confined behind the sandbox's init, or bare.
-
-    Tuned for a cell path the Host records itself (docs/record.md, "What a cell
-    commits"): IPython's history lives in an in-memory database, so a cell costs the
-    kernel no file write, no fsync and no thread (``In``, ``Out``, ``_i``/``_iN``,
-    ``%history`` and a frontend's ``history_request`` still work, for this kernel's
-    cells; nothing is kept across kernels, the record is the history), and
-    ipykernel's half-millisecond pause before each ``execute_reply`` is dropped (the
-    Host waits for the iopub ``idle`` status, which follows every output), and the kernel
-    starts without importing the debugger (:mod:`host_kernel.kernel.launch`).
-    """
-    argv = [*pinned(LAUNCHER), "-f", "{connection_file}",
-            f"--IPKernelApp.extra_extensions={EXTENSION}",
-            "--HistoryManager.hist_file=:memory:", "--Kernel._execute_sleep=0"]
-    if sandbox is None:
-        # parent_handle: ipykernel exits when its parent (this Host) is gone, so a
-        # Host killed with SIGKILL leaves no orphan kernel behind. In a sandbox the
-        # kernel's parent is init, which goes when the Host's end of its socket closes.
-        return argv + [f"--IPKernelApp.parent_handle={os.getpid()}"]
-    # The kernel's parent is the sandbox's spawner (pid 1 in its PID namespace), which
-    # init writes in place of the placeholder; ipykernel then watches the right parent.
-    return sandbox.argv(argv + [f"--IPKernelApp.parent_handle={SPAWNER_PID}"])
-
-
-#: Unix socket paths are limited to 107 bytes; the kernel's IPC sockets and the call
-#: socket live in runtime folders whose own path must leave room for their names.
-MAX_RUNTIME_BASE = 64
-
-
-def short_tempdir() -> str | None:
-    """Where runtime folders go: the temp folder, unless its path is too long for
-    sockets; then /tmp (for ``tempfile.mkdtemp(dir=…)``: None means the temp folder)."""
-    base = tempfile.gettempdir()
-    if len(base) <= MAX_RUNTIME_BASE or not os.access("/tmp", os.W_OK):
-        return None
-    return "/tmp"
-
-
-def standby_argv(sandbox: Sandbox | None) -> list[str]:
-    """A standby kernel's command line: the kernel's, started by host_kernel.kernel.standby.
-
-    With ``-s``: a standby starts in the pool's broad domain, which may write where a
-    session could plant a ``.pth`` or ``usercustomize`` in the user's site folder (a
-    workspace at ``$HOME``). Python runs those at start-up, before any narrowing, so
-    the standby leaves the user site off until it has narrowed to the session, then
-    adds it as a fresh start would have (:func:`host_kernel.kernel.standby.user_site`).
-    """
-    argv = kernel_argv(sandbox)
-    at = argv.index(pinned(LAUNCHER)[-1])
-    argv[at] = pinned("host_kernel.kernel.standby")[-1]
-    if argv[at - 1] != "-c" or argv[at - 2] != sys.executable:
-        raise RuntimeError(f"unexpected kernel command line: {argv!r}")
-    argv.insert(at - 1, "-s")
-    return argv
 
 
 class _OwnSpec(KernelSpecManager):
@@ -132,20 +60,6 @@ class _OwnSpec(KernelSpecManager):
             resource_dir="",
             metadata={"debugger": False},
         )
-
-
-def kernel_env(base: dict[str, str]) -> dict[str, str]:
-    """The kernel's environment: its interpreter's bin folder first on PATH, as activated."""
-    env = dict(base)
-    bindir = os.path.dirname(sys.executable)
-    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p]
-    if not parts or parts[0] != bindir:
-        parts = [bindir] + [p for p in parts if p != bindir]
-    env["PATH"] = os.pathsep.join(parts)
-    if sys.prefix != sys.base_prefix:
-        env["VIRTUAL_ENV"] = sys.prefix
-    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    return env
 
 
 class KernelGeneration:
@@ -283,6 +197,31 @@ def new_manager(conn_file: Path, argv: list[str]) -> KernelManager:
     return KernelManager(transport="ipc", connection_file=str(conn_file),
                          kernel_spec_manager=_OwnSpec(argv), kernel_name="host_kernel",
                          context=_context())
+
+
+def started_manager(conn_file: Path, argv: list[str], process: subprocess.Popen[bytes]
+                    ) -> KernelManager:
+    """A KernelManager for a kernel process this process started itself, before it
+    imported jupyter_client (host/_pool.py ``HostPool._launch``): it writes the connection
+    file (read by a standby only once it has its orders) and watches, signals and stops
+    ``process`` through jupyter_client's own local provisioner, as if it had started it.
+
+    ``argv`` is the kernelspec's command line; the process must have been started with
+    exactly the command jupyter_client would have made of it, or KernelError."""
+    manager = new_manager(conn_file, argv)
+    command = [os.path.expanduser(a) for a in manager.format_kernel_cmd()]
+    if command != list(process.args):  # type: ignore[arg-type]
+        raise KernelError("the standby was started with another command line than its "
+                          "kernelspec's")
+    manager.write_connection_file()
+    provisioner: Any = LocalProvisioner(kernel_id=manager.kernel_id,
+                                        kernel_spec=manager.kernel_spec, parent=manager)
+    provisioner.process = process
+    provisioner.pid = process.pid
+    provisioner.pgid = process.pid  # started as the leader of its own session
+    provisioner.connection_info = manager.get_connection_info()
+    manager.provisioner = provisioner
+    return manager
 
 
 _CONTEXT: zmq.Context[Any] | None = None

@@ -18,16 +18,16 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from jupyter_client.manager import KernelManager
+from typing import TYPE_CHECKING, Any
 
 from .._errors import BadArguments, KernelError
 from .._ids import mint_uuid
@@ -36,15 +36,11 @@ from ..sandbox.client import Confinement, Sandbox, SandboxError, probe
 from ..sandbox.limits import KernelLimits
 from ..sandbox.policy import Policy
 from ..sandbox.trace import unavailable as trace_unavailable
-from ._kernel import (
-    close_thread_loop,
-    kernel_env,
-    new_manager,
-    short_tempdir,
-    standby_argv,
-    stop_manager,
-)
+from ._argv import kernel_env, short_tempdir, standby_argv
 from ._redact import Redactor
+
+if TYPE_CHECKING:  # jupyter_client is imported only once a standby runs (HostPool._launch)
+    from jupyter_client.manager import KernelManager
 
 __all__ = ["HostPool", "Standby"]
 
@@ -98,6 +94,8 @@ class Standby:
         if self.orders_fd >= 0:
             os.close(self.orders_fd)
             self.orders_fd = -1
+        from ._kernel import stop_manager
+
         stop_manager(self.manager, None, self.sandbox)
 
     def close(self) -> None:
@@ -159,6 +157,8 @@ class HostPool:
         self._starting = False
         #: When the last standby was handed out (``time.monotonic``): see :data:`QUIET`.
         self._handed_at = -QUIET
+        #: A standby's process launched by :meth:`start`, for the thread to adopt.
+        self._launched: _Launched | None = None
         self._failures = 0
         #: Why the pool stopped refilling, if it did.
         self.broken: str | None = None
@@ -190,6 +190,14 @@ class HostPool:
             # Said now, not when the thread gets to it: a Host taking a standby right
             # after start() waits for this one instead of starting cold.
             self._starting = True
+        if not self.refill:
+            # A process that starts one session (the control kernel) starts its kernel
+            # before its own heavy imports: the process is launched here, in the caller's
+            # thread and without jupyter_client; the thread adopts it (_adopt).
+            try:
+                self._launched = self._launch()
+            except (KernelError, SandboxError, OSError):
+                self._launched = None  # the thread tries again, and counts the failure
         self._thread = threading.Thread(target=self._fill, name="host-kernel-pool", daemon=True)
         self._thread.start()
         return self
@@ -204,6 +212,10 @@ class HostPool:
             standby.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.startup_timeout + 5)
+        with self._cond:
+            launched, self._launched = self._launched, None
+        if launched is not None:  # launched, never adopted: the thread did not get to it
+            launched.discard()
 
     @property
     def closed(self) -> bool:
@@ -311,6 +323,8 @@ class HostPool:
         try:
             self._refill()
         finally:
+            from ._kernel import close_thread_loop
+
             close_thread_loop()
 
     def _refill(self) -> None:
@@ -327,8 +341,11 @@ class HostPool:
                 if self._closed or (not self.refill and self.stats["started"] >= self.size):
                     return
                 self._starting = True
+            with self._cond:
+                launched, self._launched = self._launched, None
             try:
-                standby = self._start_one()
+                standby = (self._adopt(launched) if launched is not None
+                           else self._start_one())
             except (KernelError, SandboxError, OSError) as exc:
                 with self._cond:
                     self._starting = False
@@ -355,36 +372,101 @@ class HostPool:
                 return
 
     def _start_one(self) -> Standby:
+        return self._adopt(self._launch())
+
+    def _launch(self) -> _Launched:
+        """Start a standby's process (the sandbox's init, then the standby) as
+        jupyter_client would (host/_kernel.py ``started_manager`` checks it), without
+        jupyter_client: :meth:`_adopt` then builds its KernelManager."""
         folder = Path(tempfile.mkdtemp(prefix="hks-", dir=short_tempdir()))
         conn_file = folder / "kernel.json"
         (folder / "s").mkdir()
         sandbox = None
         broad = None
-        if self.confinement.active:
-            broad = Policy.for_pool(self.roots, folder).with_generation(folder, conn_file)
-            sandbox = Sandbox(broad, self.confinement.abi, standby=True,
-                              trace_roots=[] if self.traced else None, limits=self.limits)
-        manager = new_manager(conn_file, standby_argv(sandbox))
-        hello: dict[str, Any] = {}
+        try:
+            if self.confinement.active:
+                broad = Policy.for_pool(self.roots, folder).with_generation(folder, conn_file)
+                sandbox = Sandbox(broad, self.confinement.abi, standby=True,
+                                  trace_roots=[] if self.traced else None, limits=self.limits)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        argv = [os.path.expanduser(a.replace("{connection_file}", str(conn_file)))
+                for a in standby_argv(sandbox)]
+        # As jupyter_client's provisioner and launcher make it.
+        env = dict(self._env)
+        env.pop("PYTHONEXECUTABLE", None)
+        env["JPY_PARENT_PID"] = str(os.getpid())
         # The orders come on the kernel's standard input, a socket only this pool holds
         # (a socket, so the Host can hand over the session's Landlock ruleset with them)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         orders_r, orders_w = theirs.detach(), mine.detach()
         try:
-            if sandbox is None:
-                manager.start_kernel(cwd=str(folder), env=self._env, stdin=orders_r)
-            else:
-                manager.start_kernel(cwd=str(folder), env=self._env, stdin=orders_r,
-                                     pass_fds=sandbox.pass_fds)
-                hello = sandbox.started()
-        except BaseException as exc:
+            process = subprocess.Popen(argv, stdin=orders_r, cwd=str(folder), env=env,
+                                       start_new_session=True,
+                                       pass_fds=() if sandbox is None else sandbox.pass_fds)
+        except BaseException:
             os.close(orders_w)
-            stop_manager(manager, None, sandbox)
-            shutil.rmtree(folder, ignore_errors=True)
+            _Launched.release(folder, sandbox)
+            raise
+        finally:
+            os.close(orders_r)
+        return _Launched(folder, conn_file, sandbox, broad, process, orders_w)
+
+    def _adopt(self, launched: _Launched) -> Standby:
+        """The launched standby with its KernelManager, once its sandbox's init said hello."""
+        from ._kernel import started_manager, stop_manager
+
+        sandbox = launched.sandbox
+        hello: dict[str, Any] = {}
+        try:
+            manager = started_manager(launched.conn_file, standby_argv(sandbox),
+                                      launched.process)
+        except BaseException as exc:
+            launched.discard()
             if isinstance(exc, (KernelError, SandboxError, OSError)):
                 raise
             raise KernelError(f"a standby kernel did not start: {exc}") from exc
-        finally:
-            os.close(orders_r)
-        return Standby(self.id, folder, manager, sandbox, broad, hello, orders_w)
+        try:
+            if sandbox is not None:
+                hello = sandbox.started()
+        except BaseException as exc:
+            os.close(launched.orders_w)
+            stop_manager(manager, None, sandbox)
+            shutil.rmtree(launched.folder, ignore_errors=True)
+            if isinstance(exc, (KernelError, SandboxError, OSError)):
+                raise
+            raise KernelError(f"a standby kernel did not start: {exc}") from exc
+        return Standby(self.id, launched.folder, manager, sandbox, launched.broad, hello,
+                       launched.orders_w)
 
+
+@dataclass
+class _Launched:
+    """A standby's process, started, not yet given its KernelManager."""
+
+    folder: Path
+    conn_file: Path
+    sandbox: Sandbox | None
+    broad: Policy | None
+    process: subprocess.Popen[bytes]
+    #: The pool's end of the socket the standby reads its orders from.
+    orders_w: int
+
+    def discard(self) -> None:
+        """Kill its processes (init leads its own session: the group goes), reap, and
+        remove what it had."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # gone already
+        self.process.wait()
+        os.close(self.orders_w)
+        self.release(self.folder, self.sandbox)
+
+    @staticmethod
+    def release(folder: Path, sandbox: Sandbox | None) -> None:
+        if sandbox is not None:
+            sandbox.close()
+            sandbox.release()
+        shutil.rmtree(folder, ignore_errors=True)
