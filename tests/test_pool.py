@@ -310,6 +310,27 @@ def test_a_pool_hides_the_names_an_iterator_gives_it(monkeypatch: pytest.MonkeyP
                         hidden=frozenset({"LAB_PROJECT_ID"})) is None
 
 
+def test_a_record_that_cannot_open_after_the_orders_leaves_no_kernel(pool: HostPool,
+                                                                    roots: Path,
+                                                                    tmp_path: Path) -> None:
+    """A new session's standby gets its orders before the record opens (the record opens
+    while the kernel initialises: Host._start_orders_first). When the record then cannot
+    open, the start fails with the record's error and the kernel it ordered is stopped."""
+    from host_kernel import HostKernelError
+
+    [standby] = pool.pids()
+    record = tmp_path / "record"
+    (record / "ledger.sqlite").mkdir(parents=True)  # a folder where the ledger's file goes
+    host = Host(roots / "a", pool=pool, record_dir=record)
+    with pytest.raises(HostKernelError):
+        host.start()
+    assert pool.stats["handed_out"] == 1  # it was ordered, then stopped
+    _gone({standby})
+    assert not [p for p in descendants(os.getpid()) if p == standby]
+    with Host(roots / "b", pool=pool) as other:  # the pool serves the next session
+        assert other.execute("1 + 1").status == "ok"
+
+
 def test_a_process_started_otherwise_than_its_kernelspec_says_is_not_adopted(
         tmp_path: Path) -> None:
     """A pool starts its standbys' processes itself, before jupyter_client is imported,

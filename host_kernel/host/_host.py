@@ -124,6 +124,9 @@ class Host:
                 f"outside it (leave record_dir unset for {default_record_dir(self.workdir)})")
         self.record_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.record_dir, 0o700)
+        if self._orders_first():
+            self._start_orders_first(confinement)
+            return self
         self.record.open()
         shared = self.record.local_blob_folder()
         if confinement.active and shared is not None and (
@@ -135,16 +138,53 @@ class Host:
                 f"holds other sessions' artifacts, so it must live outside it")
         self.record.blobs.sweep()
         try:
-            hidden = [str(self.record_dir), *self.record.secret_files(), *opts.hide_paths]
-            self.generations.prepare(confinement, hidden, self.session_id, self._socket_path,
-                                     self._listen)
-            self.redactor.learn(self.generations.launch_env)
+            self._prepare(confinement)
             self._begin_session()
         except BaseException:
             self._teardown()
             raise
         self.state = HostState.OPEN
         return self
+
+    def _orders_first(self) -> bool:
+        """Whether the first kernel can have its orders before the record is opened: the
+        launch's policy and the start's survey need nothing of the record when the ledger
+        is the record folder's SQLite file, the blobs its own store, the session new and
+        not an armed ``codebase_change`` (whose baseline is read into the record). Then the
+        record opens while the kernel initialises, not before (:meth:`_start_orders_first`).
+        Only the Host-derived classes that keep :meth:`_begin_session` as it is (the relay
+        overrides it, to continue a session) may."""
+        opts = self.options
+        mode = self.session.mode
+        return (type(self)._begin_session is Host._begin_session
+                and opts.ledger is None and opts.blobs is None and opts.resume is None
+                and not (mode.enforced and mode.name == "codebase_change"))
+
+    def _start_orders_first(self, confinement: Confinement) -> None:
+        """:meth:`start` for :meth:`_orders_first`: the launch prepared, the workspace
+        surveyed and the standby (if any) handed its orders, then the record opened and
+        the session's start recorded while the kernel initialises; the call server starts
+        only after that, as always."""
+        try:
+            self._prepare(confinement)
+            survey = self.session.survey()
+            self.generations.hand_orders()
+            self.record.open()
+            self.record.blobs.sweep()
+            self.session.begin(self._launch(), survey)
+            self.generations.start("start")
+        except BaseException:
+            self._teardown()
+            raise
+        self.state = HostState.OPEN
+
+    def _prepare(self, confinement: Confinement) -> None:
+        """How the session's kernels launch: the files they may not read, the policy, the
+        environment (learnt by the redactor)."""
+        hidden = [str(self.record_dir), *self.record.secret_files(), *self.options.hide_paths]
+        self.generations.prepare(confinement, hidden, self.session_id, self._socket_path,
+                                 self._listen)
+        self.redactor.learn(self.generations.launch_env)
 
     def _socket_path(self, runtime_dir: Path) -> str:
         return str(runtime_dir / "host.sock")

@@ -96,8 +96,10 @@ class Session:
     def survey(self) -> Survey:
         """What the session's start reads before any kernel of it starts: the workspace's
         baseline (``codebase_change``), notebook and HEAD, read while no code of the
-        session runs. A PostgreSQL ledger's session is claimed first."""
-        ledger = self.record.ledger
+        session runs. A PostgreSQL ledger's session is claimed first. (A session whose
+        start reads nothing of the record is surveyed before the record opens: Host's
+        ``_orders_first``.)"""
+        ledger = self.record.opened[0]
         if isinstance(ledger, PostgresLedger):
             # Held while this Host lives: another Host then knows the session is not
             # abandoned (the server lets the lock go when this process dies).
