@@ -152,12 +152,15 @@ class Host:
         is the record folder's SQLite file, the blobs its own store, the session new and
         not an armed ``codebase_change`` (whose baseline is read into the record). Then the
         record opens while the kernel initialises, not before (:meth:`_start_orders_first`).
-        Only the Host-derived classes that keep :meth:`_begin_session` as it is (the relay
-        overrides it, to continue a session) may."""
+        A class that starts a session otherwise (its own :meth:`_begin_session`) says
+        itself when it may (the relay's RelayHost: a session it does not continue)."""
+        return (type(self)._begin_session is Host._begin_session
+                and self._record_not_needed_to_start())
+
+    def _record_not_needed_to_start(self) -> bool:
         opts = self.options
         mode = self.session.mode
-        return (type(self)._begin_session is Host._begin_session
-                and opts.ledger is None and opts.blobs is None and opts.resume is None
+        return (opts.ledger is None and opts.blobs is None and opts.resume is None
                 and not (mode.enforced and mode.name == "codebase_change"))
 
     def _start_orders_first(self, confinement: Confinement) -> None:

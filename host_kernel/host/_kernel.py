@@ -110,8 +110,9 @@ class KernelGeneration:
               orders: dict[str, Any], ruleset_fd: int = -1) -> KernelGeneration:
         """Hand a standby kernel its session's ``orders`` (and the session's Landlock
         ruleset, ``ruleset_fd``) on the socket it reads them from (``orders_fd``;
-        host_kernel/kernel/standby.py), and open this side's channels while it starts;
-        :meth:`ready` waits for it."""
+        host_kernel/kernel/standby.py); :meth:`ready` opens this side's channels and
+        waits for it (the Host records the session's start in between, while the kernel
+        initialises: a start that fails there has no channels to stop half-started)."""
         self = cls.__new__(cls)
         self._setup(generation, token, manager, sandbox)
         self.hello = hello
@@ -120,7 +121,6 @@ class KernelGeneration:
             with socket.socket(fileno=os.dup(orders_fd)) as sock:
                 sent = socket.send_fds(sock, [data], [ruleset_fd] if ruleset_fd >= 0 else [])
                 sock.sendall(data[sent:])
-            self._channels()
         except (Exception, SandboxError) as exc:
             self.stop()
             raise KernelError(f"the standby kernel did not take generation {generation}: "
@@ -131,6 +131,8 @@ class KernelGeneration:
         """Wait until a kernel handed its orders answers as this generation's kernel (and a
         sandbox's network is up); stopped, and KernelError, if it does not."""
         try:
+            if getattr(self, "client", None) is None:
+                self._channels()
             wait_ready(self.client, self.manager, timeout)
             if self.sandbox is not None:
                 self.sandbox.wait_outbound()  # attached at narrow, up while the kernel adopted

@@ -103,6 +103,11 @@ class RelayHost(Host):
     def resumed(self) -> bool:
         return self._resume is not None
 
+    def _orders_first(self) -> bool:
+        # A new session starts as a Host's does (Host._begin_session); one continued across
+        # a frontend's restart reads its record before its kernel starts.
+        return self._resume is None and self._record_not_needed_to_start()
+
     def _begin_session(self) -> None:
         if self._resume is None:
             super()._begin_session()
