@@ -331,6 +331,24 @@ def test_a_record_that_cannot_open_after_the_orders_leaves_no_kernel(pool: HostP
         assert other.execute("1 + 1").status == "ok"
 
 
+def test_an_unconfined_pool_serves_an_unconfined_session(roots: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Where Landlock is not available, a pool's standby is launched bare (no sandbox's
+    init in front of it, its parent the pool's process) and serves a session as well."""
+    monkeypatch.setenv("HOST_KERNEL_FAKE_NO_LANDLOCK", "1")
+    with HostPool(size=1, roots=[roots]) as pool:
+        assert not pool.confinement.active
+        assert pool.wait_ready(90), pool.broken
+        [standby] = pool.pids()
+        with Host(roots / "a", pool=pool) as host:
+            assert _warm(host)["used"] is True, _warm(host)
+            assert host.kernel_pid == standby
+            out = host.execute("import os\nprint(os.getcwd(), 6 * 7)")
+            assert f"{(roots / 'a').resolve()} 42\n" in out.text, out.text  # (and the notice)
+    _gone({standby})
+
+
 def test_a_process_started_otherwise_than_its_kernelspec_says_is_not_adopted(
         tmp_path: Path) -> None:
     """A pool starts its standbys' processes itself, before jupyter_client is imported,

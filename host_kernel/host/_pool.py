@@ -196,8 +196,8 @@ class HostPool:
             # thread and without jupyter_client; the thread adopts it (_adopt).
             try:
                 self._launched = self._launch()
-            except (KernelError, SandboxError, OSError):
-                self._launched = None  # the thread tries again, and counts the failure
+            except Exception:  # noqa: BLE001 - the thread tries again, counts the failure
+                self._launched = None  # and says why (``broken``) if it keeps failing
         self._thread = threading.Thread(target=self._fill, name="host-kernel-pool", daemon=True)
         self._thread.start()
         return self
