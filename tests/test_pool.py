@@ -508,3 +508,34 @@ def test_closing_a_host_ends_its_spare(workdir: Path) -> None:
         tree = descendants(os.getpid()) - before
         assert len(tree) >= 2
     _gone(tree)
+
+
+def test_orders_taken_at_once_are_not_a_broken_pipe(tmp_path: Path) -> None:
+    """A standby that has read its whole orders closes its end at once (it then takes
+    its standard input from /dev/null). The Host must not write to the socket after the
+    last byte of the orders: ``sendall(b"")`` still sends, and fails with EPIPE, which
+    made an unconfined pool's hand-out fail one time in two."""
+    import socket
+    import threading
+
+    from host_kernel.host._kernel import KernelGeneration, new_manager
+    from host_kernel.kernel.standby import read_orders
+
+    manager = new_manager(tmp_path / "kernel.json", [sys.executable, "-f", "{connection_file}"])
+    orders = {"env": {"X": "y" * 2000}, "cwd": str(tmp_path), "ruleset": False}
+    for _ in range(200):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        got: list[object] = []
+
+        def standby(theirs: socket.socket = theirs, got: list[object] = got) -> None:
+            got.append(read_orders(theirs.fileno()))
+            theirs.close()
+
+        reader = threading.Thread(target=standby)
+        reader.start()
+        try:
+            KernelGeneration.order(1, "token", manager, None, {}, mine.fileno(), orders)
+        finally:
+            reader.join(timeout=10)
+            mine.close()
+        assert got and got[0] == (orders, [])

@@ -120,7 +120,10 @@ class KernelGeneration:
             data = json.dumps(orders).encode() + b"\n"
             with socket.socket(fileno=os.dup(orders_fd)) as sock:
                 sent = socket.send_fds(sock, [data], [ruleset_fd] if ruleset_fd >= 0 else [])
-                sock.sendall(data[sent:])
+                if sent < len(data):
+                    # Only what is left: sendall sends even nothing once, and a standby that
+                    # took its whole orders may already have closed its end (EPIPE).
+                    sock.sendall(data[sent:])
         except (Exception, SandboxError) as exc:
             self.stop()
             raise KernelError(f"the standby kernel did not take generation {generation}: "
