@@ -101,9 +101,9 @@ def test_a_warm_kernel_is_configured_as_a_cold_one(tmp_path: Path) -> None:
 def test_warming_the_first_cell_builds_its_patterns_and_runs_nothing() -> None:
     code = textwrap.dedent("""
         import tokenize
-        from host_kernel.kernel.standby import warm_first_cell
+        from host_kernel.kernel.standby import warm
         before = tokenize._compile.cache_info().currsize
-        warm_first_cell()
+        warm()
         from IPython.core.interactiveshell import InteractiveShell
         print(before, tokenize._compile.cache_info().currsize > 0, InteractiveShell.initialized())
     """)

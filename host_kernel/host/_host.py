@@ -168,14 +168,13 @@ class Host:
         surveyed and the standby (if any) handed its orders, then the record opened and
         the session's start recorded while the kernel initialises; the call server starts
         only after that, as always."""
-        try:
-            self._prepare(confinement)
-            survey = self.session.survey()
-            self.generations.hand_orders()
+        def open_record() -> None:
             self.record.open()
             self.record.blobs.sweep()
-            self.session.begin(self._launch(), survey)
-            self.generations.start("start")
+
+        try:
+            self._prepare(confinement)
+            self._new_session(open_record)
         except BaseException:
             self._teardown()
             raise
@@ -212,10 +211,16 @@ class Host:
             self.generations.prior = self.session.take_up(self.options.resume, self._launch())
             self.generations.start("resume")
             return
-        # What the start reads of the workspace is read first; then a standby gets its
-        # orders and starts while the start is recorded (the call server starts after).
+        self._new_session()
+
+    def _new_session(self, open_record: Callable[[], None] | None = None) -> None:
+        """What the start reads of the workspace is read first; then a standby gets its
+        orders and starts while the record is opened (``open_record``, when it is not open
+        yet) and the start recorded; the call server starts after (generations.start)."""
         survey = self.session.survey()
         self.generations.hand_orders()
+        if open_record is not None:
+            open_record()
         self.session.begin(self._launch(), survey)
         self.generations.start("start")
 

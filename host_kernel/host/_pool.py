@@ -391,8 +391,8 @@ class HostPool:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        argv = [os.path.expanduser(a.replace("{connection_file}", str(conn_file)))
-                for a in standby_argv(sandbox)]
+        spec = standby_argv(sandbox)
+        argv = [os.path.expanduser(a.replace("{connection_file}", str(conn_file))) for a in spec]
         # As jupyter_client's provisioner and launcher make it.
         env = dict(self._env)
         env.pop("PYTHONEXECUTABLE", None)
@@ -411,7 +411,7 @@ class HostPool:
             raise
         finally:
             os.close(orders_r)
-        return _Launched(folder, conn_file, sandbox, broad, process, orders_w)
+        return _Launched(folder, conn_file, sandbox, broad, spec, process, orders_w)
 
     def _adopt(self, launched: _Launched) -> Standby:
         """The launched standby with its KernelManager, once its sandbox's init said hello."""
@@ -420,8 +420,7 @@ class HostPool:
         sandbox = launched.sandbox
         hello: dict[str, Any] = {}
         try:
-            manager = started_manager(launched.conn_file, standby_argv(sandbox),
-                                      launched.process)
+            manager = started_manager(launched.conn_file, launched.spec, launched.process)
         except BaseException as exc:
             launched.discard()
             if isinstance(exc, (KernelError, SandboxError, OSError)):
@@ -449,6 +448,8 @@ class _Launched:
     conn_file: Path
     sandbox: Sandbox | None
     broad: Policy | None
+    #: Its kernelspec's command line (``{connection_file}`` not filled in).
+    spec: list[str]
     process: subprocess.Popen[bytes]
     #: The pool's end of the socket the standby reads its orders from.
     orders_w: int

@@ -85,19 +85,6 @@ def preload() -> None:
         importlib.import_module(name)  # a failure here would fail the kernel's start anyway
     unbounded_iopub()  # as a cold kernel starts
     no_interface_scan()  # as a cold kernel starts
-    warm_first_cell()
-
-
-def warm_first_cell() -> None:
-    """Build, ahead, what a process's first cell builds once: IPython splits a cell into
-    tokens with patterns ``tokenize`` compiles at its first use (2 to 6 ms), then parses
-    and compiles it. Nothing of the session's is touched: no shell exists yet."""
-    import ast
-
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    code = TransformerManager().transform_cell("x = 1\n")  # type: ignore[no-untyped-call]
-    compile(ast.parse(code), "<warm>", "exec")
 
 
 def threads() -> int:
@@ -261,13 +248,17 @@ def make_profile(folder: str) -> None:
 
 
 def warm() -> None:
-    """Fill the caches the first cell would fill: IPython's input transformation of a cell
-    compiles the tokenizer's patterns on first use (a constant cell here; the patterns
-    do not depend on it)."""
+    """Fill the caches the first cell would fill, running no cell: IPython splits a cell
+    into tokens with patterns ``tokenize`` compiles at its first use (2 to 6 ms), then
+    parses and compiles it (a constant cell here; the patterns do not depend on it).
+    Nothing of the session's is touched: no shell exists yet."""
+    import ast
+
     from IPython.core import inputtransformer2
 
     kind: Any = inputtransformer2.TransformerManager
-    kind().transform_cell("pass\n")
+    code = kind().transform_cell("x = 1\n")
+    compile(ast.parse(code), "<warm>", "exec")
 
 
 def ahead(argv: list[str]) -> Parsed | None:
