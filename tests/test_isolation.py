@@ -385,6 +385,13 @@ def outside_server() -> Iterator[tuple[str, int]]:
         made.append(["netns", "del", ns])
         sh("link", "add", here, "type", "veth", "peer", "name", there)
         made.append(["link", "del", here])
+        # A loaded machine may show the new pair a moment after `link add` returns (it
+        # said "Cannot find device" to the next command, and the test skipped).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                subprocess.run([ip, "link", "show", dev], capture_output=True,
+                               timeout=30).returncode != 0 for dev in (here, there)):
+            time.sleep(0.05)
         sh("link", "set", there, "netns", ns)
         sh("addr", "add", f"{host_addr}/30", "dev", here)
         sh("link", "set", here, "up")
