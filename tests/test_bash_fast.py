@@ -184,6 +184,32 @@ def test_a_symlink_on_the_way_led_elsewhere_is_followed_anew(tools_host: Host) -
         (real / "two").read_bytes()).hexdigest()
 
 
+def test_a_line_through_bash_runs_the_bash_its_path_finds_now(tools_host: Host) -> None:
+    """The file the confined child execs for a line bash must run is the command's own
+    PATH lookup of ``bash``, through the remembered lookups: one put first on PATH runs,
+    and once it is gone, the system's does again."""
+    ws = tools_host.workdir
+    fake = ws / "fakebash" / "a" / "bash"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho fake-bash\nexec /bin/bash \"$@\"\n")
+    fake.chmod(0o755)
+    line = "echo one; echo two"  # not one plain command: it goes through bash
+    for expect_fake in (True, True, False):
+        if not expect_fake:
+            fake.unlink()
+        obs = tools_host.execute(
+            "import os\n"
+            "base = os.environ.get('BASE_PATH') or os.environ['PATH']\n"
+            "os.environ['BASE_PATH'] = base\n"
+            "os.environ['PATH'] = os.path.abspath('fakebash/a') + ':' + base\n"
+            f"r = host.bash({line!r})\n"
+            "os.environ['PATH'] = base\n"
+            "print(r.stdout_tail)")
+        assert obs.status == "ok", obs.text
+        assert ("fake-bash" in obs.text) is expect_fake, obs.text
+        assert "one\ntwo" in obs.text, obs.text
+
+
 def test_a_kernel_cannot_make_a_remembered_hash_name_other_bytes(tools_host: Host) -> None:
     """The kernel swaps the file for other bytes of the same size, puts the old times on
     it, then swaps the original back: the receipt between names the bytes that ran."""

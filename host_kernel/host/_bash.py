@@ -116,7 +116,7 @@ _split_kept = lru_cache(maxsize=512)(_split)
 
 
 def resolve_executable(command: str, cwd: Path, path_env: str,
-                       cache: ExecutableCache | None = None) -> str | None:
+                       cache: ExecutableCache | CallLookups | None = None) -> str | None:
     """The file the command's first word runs, as bash would find it; None for builtins.
 
     ``cache`` remembers PATH lookups and checks each remembered one before it is used."""
@@ -272,6 +272,33 @@ class ExecutableCache:
         return sha
 
 
+    def for_call(self, generation: int) -> CallLookups:
+        """This cache as one ``host.bash`` call of ``generation`` uses it."""
+        self.generation(generation)
+        return CallLookups(self)
+
+
+class CallLookups:
+    """One call's PATH lookups and hashes: each lookup made once, through the
+    generation's :class:`ExecutableCache` (the receipt's executable, the line exec'd
+    without bash and the file the confined child execs are found by one lookup)."""
+
+    __slots__ = ("_cache", "_found")
+
+    def __init__(self, cache: ExecutableCache) -> None:
+        self._cache = cache
+        self._found: dict[tuple[str, str], str | None] = {}
+
+    def which(self, name: str, path_env: str) -> str | None:
+        key = (name, path_env)
+        if key not in self._found:
+            self._found[key] = self._cache.which(name, path_env)
+        return self._found[key]
+
+    def sha256(self, path: str) -> str | None:
+        return self._cache.sha256(path)
+
+
 #: sha256 of no bytes: the digest of an empty output.
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -347,9 +374,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     ws = ctx.workspace
     ctx.redactor.learn(env)
     path_env = env.get("PATH", "")
-    known = ctx.executables
-    if known is not None:
-        known.generation(ctx.generation)
+    known = None if ctx.executables is None else ctx.executables.for_call(ctx.generation)
     executable = resolve_executable(command, cwd, path_env, known)
     exe_sha = None if not executable else (
         known.sha256(executable) if known is not None else file_sha256(Path(executable)))
@@ -368,6 +393,10 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     # One plain command is exec'd as bash would exec it, without bash's own start.
     direct = direct_argv(command, str(cwd), env, None if known is None else known.which)
     argv, run_env = direct if direct is not None else (["bash", "-c", command], env)
+    # The file the confined child execs: the lookup this call already made (direct), or
+    # bash's on the command's PATH, through the same checked cache.
+    file = None if known is None else (run_env["_"] if direct is not None else known.which(
+        "bash", run_env.get("PATH", os.defpath)))
 
     started = time.time()
     started_ns = ctime_clock_ns()
@@ -376,7 +405,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     proc: Any
     if ctx.sandbox is not None:
         try:
-            proc = popen_confined(ctx.sandbox, argv, cwd=str(cwd), env=run_env)
+            proc = popen_confined(ctx.sandbox, argv, cwd=str(cwd), env=run_env, file=file)
         except SandboxError as exc:
             raise HostCallError(f"the command could not start: {exc}; the kernel generation "
                                 f"that asked for it has ended", code="sandbox_stopped") from None

@@ -406,15 +406,18 @@ class Sandbox:
         return self._limit
 
     def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-              stdin: int, stdout: int, stderr: int) -> ConfinedProcess:
+              stdin: int, stdout: int, stderr: int, file: str | None = None
+              ) -> ConfinedProcess:
         """Start ``argv`` confined, in a session of its own, with these descriptors.
 
         Most often the process is already there: init forked and confined it ahead of
         time, and the orders go straight to it. Otherwise init forks one on request.
+        ``file`` is the file to exec, when the caller has looked it up already.
         """
         # Resolved here with the command's own PATH, as execvp would, so the confined
         # child makes one execve instead of a walk along PATH.
-        found = shutil.which(argv[0], path=env.get("PATH", os.defpath)) if argv else None
+        found = file if file is not None else (
+            shutil.which(argv[0], path=env.get("PATH", os.defpath)) if argv else None)
         orders = {"argv": list(argv), "cwd": cwd, "env": dict(env), "file": found or argv[0]}
         offered = self._take_offer()
         if offered is not None:
@@ -609,13 +612,15 @@ def _resolve_for(policy: Policy, roots: Sequence[str]) -> list[str]:
 
 
 def popen_confined(sandbox: Sandbox, argv: Sequence[str], *, cwd: str,
-                   env: Mapping[str, str]) -> ConfinedProcess:
-    """Like ``Popen(argv, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True)``."""
+                   env: Mapping[str, str], file: str | None = None) -> ConfinedProcess:
+    """Like ``Popen(argv, stdin=DEVNULL, stdout=PIPE, stderr=PIPE, start_new_session=True)``;
+    ``file`` as :meth:`Sandbox.spawn` takes it."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     devnull = os.open(os.devnull, os.O_RDONLY)
     try:
-        proc = sandbox.spawn(argv, cwd=cwd, env=env, stdin=devnull, stdout=out_w, stderr=err_w)
+        proc = sandbox.spawn(argv, cwd=cwd, env=env, stdin=devnull, stdout=out_w, stderr=err_w,
+                             file=file)
     except BaseException:
         for fd in (out_r, err_r):
             os.close(fd)
