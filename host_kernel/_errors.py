@@ -31,7 +31,11 @@ to try again later, a batch, tests one code for either store).
 
 from __future__ import annotations
 
-from typing import Any
+# Not typing.TYPE_CHECKING: the kernelspec's launching process imports this module, and
+# typing (with the re, enum and collections it brings) was a tenth of its start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from typing import Any
 
 __all__ = [
     "BadArguments",

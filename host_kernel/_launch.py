@@ -11,16 +11,22 @@ runs the launch itself, as before.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (no stub; the enum-free signal module)
+import _socket
 import json
 import os
 import select
-import signal
-import socket
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+# This module is the kernelspec's launching process (and ``exec``'s) before it asks the
+# zygote: it imports no more than it needs. typing, socket, signal, array and pathlib (the
+# enums, re and collections they bring) were a third of that process's start in an
+# installed package; the raw modules do what it needs of them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from pathlib import Path
+    from typing import Any
+
     from .factory._place import Place
 
 __all__ = ["ENTRIES", "console", "launch", "read_line", "socket_path", "startup"]
@@ -31,8 +37,8 @@ REPLY_TIMEOUT = 5.0
 #: Variables Python reads once, at start (with these, ``PYTHON*``).
 STARTUP_VARS = ("LANG", "HOME")
 #: Signals the launching process passes on to its relay.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-             signal.SIGUSR2)
+FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT,
+             _signal.SIGUSR1, _signal.SIGUSR2)
 
 
 def startup() -> dict[str, Any]:
@@ -57,16 +63,48 @@ def startup() -> dict[str, Any]:
 
 def socket_path(place: Place) -> Path:
     """The zygote's socket: beside the factory's, keyed as it is."""
-    return Path(place.folder) / place.socket.name.replace("factory-", "relay-", 1)
+    from pathlib import Path
+
+    return Path(socket_file(place))
 
 
-def read_line(sock: socket.socket, limit: int = 1 << 20,
+def socket_file(place: Place) -> str:
+    """:func:`socket_path` as a string (the launching process's own use)."""
+    return os.path.join(place.folder, place.socket_name.replace("factory-", "relay-", 1))
+
+
+#: Bytes of a C int, as SCM_RIGHTS carries each descriptor.
+_INT = 4
+
+
+def send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
+    """``data`` and the descriptors ``fds`` in one message (``socket.send_fds``, which
+    the launching process does without)."""
+    packed = b"".join(fd.to_bytes(_INT, sys.byteorder, signed=True) for fd in fds)
+    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
+
+
+def recv_fds(sock: Any, size: int, most: int) -> tuple[bytes, list[int]]:
+    """Up to ``size`` bytes and up to ``most`` descriptors that came with them; descriptors
+    beyond the first ``most`` (or cut short) are closed, never leaked."""
+    data, ancdata, _, _ = sock.recvmsg(size, _socket.CMSG_SPACE(most * _INT))
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(payload[i:i + _INT], sys.byteorder, signed=True)
+                    for i in range(0, len(payload) - _INT + 1, _INT)]
+    for fd in fds[most:]:
+        os.close(fd)
+    return data, fds[:most]
+
+
+def read_line(sock: Any, limit: int = 1 << 20,
               deadline: float | None = None) -> tuple[bytes, list[int]]:
     """One newline-ended message of at most ``4 * limit`` bytes, and the descriptors
     that came with its first part; by ``deadline`` (``time.monotonic``), if given."""
     import time
 
-    data, fds, _, _ = socket.recv_fds(sock, limit, 4)
+    data, fds = recv_fds(sock, limit, 4)
     while data and not data.endswith(b"\n"):
         left = None if deadline is None else deadline - time.monotonic()
         if len(data) > 4 * limit or (left is not None and left <= 0):
@@ -103,11 +141,11 @@ def launch(argv: list[str], entry: str = "control") -> int | None:
         place.ensure()
     except FactoryUnavailable:
         return None
-    path = socket_path(place)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = socket_file(place)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT)
     try:
-        sock.connect(str(path))
+        sock.connect(path)
     except OSError:
         sock.close()
         _start(place)  # for the next launch (a restart is the next)
@@ -125,12 +163,12 @@ def launch(argv: list[str], entry: str = "control") -> int | None:
         sock.close()
 
 
-def _served(sock: socket.socket, argv: list[str], entry: str) -> int:
+def _served(sock: Any, argv: list[str], entry: str) -> int:
     request = {"entry": entry, "argv": argv, "argv0": sys.argv[0] if sys.argv else "",
                "cwd": os.getcwd(), "env": dict(os.environ), "umask": _umask(),
                "path": sys.path, "executable": sys.executable, "startup": startup()}
     sock.settimeout(REPLY_TIMEOUT)
-    socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    send_fds(sock, json.dumps(request).encode() + b"\n", [0, 1, 2])
     data, fds = read_line(sock)
     reply = json.loads(data)
     if not isinstance(reply, dict) or "pid" not in reply or len(fds) != 1:
@@ -142,24 +180,24 @@ def _served(sock: socket.socket, argv: list[str], entry: str) -> int:
 
     def forward(signum: int, _frame: object) -> None:
         try:
-            signal.pidfd_send_signal(relay, signum)
+            _signal.pidfd_send_signal(relay, signum)
         except OSError:
             pass  # already gone
 
     for signum in FORWARDED:
-        signal.signal(signum, forward)
+        _signal.signal(signum, forward)
     code = _wait(sock, relay, forward)
     os.close(relay)
     if not isinstance(code, int):
         code = 1
     if code < 0:  # killed by a signal: end the same way
         for signum in FORWARDED:
-            signal.signal(signum, signal.SIG_DFL)
+            _signal.signal(signum, _signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
 
-def _wait(sock: socket.socket, relay: int, forward: Any) -> object:
+def _wait(sock: Any, relay: int, forward: Any) -> object:
     """The relay's exit status, as the zygote reports it (None if it cannot). Meanwhile,
     as ipykernel and a launched relay do: when the frontend that launched this process
     (``JPY_PARENT_PID``, this process's parent) is gone, the relay is asked to stop."""
@@ -175,7 +213,7 @@ def _wait(sock: socket.socket, relay: int, forward: Any) -> object:
             except (OSError, ValueError, KeyError, TypeError):
                 return _ended(relay)
         if parent and os.getppid() != parent:
-            forward(signal.SIGTERM, None)
+            forward(_signal.SIGTERM, None)
             parent = 0
 
 
@@ -203,7 +241,7 @@ def _start(place: Any) -> None:
     argv = pinned("host_kernel.control._zygote")
     argv.insert(1, "-P")  # as the kernelspec's launch: no start folder on the path
     try:
-        with open(socket_path(place).with_suffix(".log"), "ab") as log:
+        with open(socket_file(place)[:-len(".sock")] + ".log", "ab") as log:
             proc = subprocess.Popen([*argv, "--folder", str(place.folder)],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                                     start_new_session=True, close_fds=True)

@@ -10,7 +10,11 @@ talk to a Host: a kernelspec that launches ``python -m host_kernel.control``
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Any
+
+# Not typing.TYPE_CHECKING: the kernelspec's launching process imports this package.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from typing import Any
 
 __all__ = ["DISPLAY_NAME", "KERNEL_NAME", "install", "kernel_json", "uninstall"]
 

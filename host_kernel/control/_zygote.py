@@ -361,6 +361,12 @@ def preload() -> None:
 
     for name in CELL_MODULES:  # what a relay run alone imports only once it is started
         importlib.import_module(name)
+    # jupyter_client's provisioner registry, made at a process's first KernelManager by
+    # reading the entry points of every installed distribution (about 10 ms): made here
+    # once, every relay and exec forked after it has it.
+    from jupyter_client.provisioning.factory import KernelProvisionerFactory
+
+    KernelProvisionerFactory.instance()
 
 
 def main(argv: list[str] | None = None) -> int:

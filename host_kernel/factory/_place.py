@@ -9,17 +9,23 @@ installations never share a factory), and the ``HOST_KERNEL_FACTORY*`` variables
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.util
+import importlib.machinery
 import os
 import stat
 import sys
-import tempfile
-from pathlib import Path
 
 from .._errors import HostKernelError
 from .._version import __version__
+
+# The kernelspec's launching process computes a Place before it asks the zygote: this
+# module imports neither pathlib, tempfile nor hashlib (OpenSSL's) for it, which were a
+# fifth of that process's start in an installed package. Paths are strings here; the
+# Path attributes are made when another process reads them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from collections.abc import Callable
+    from pathlib import Path
+    from typing import Any
 
 __all__ = ["FactoryUnavailable", "Place", "disabled", "idle_seconds", "size"]
 
@@ -35,7 +41,28 @@ SIZE_ENV = "HOST_KERNEL_FACTORY_SIZE"
 DEFAULT_IDLE = 300.0
 DEFAULT_SIZE = 2
 #: This installation's package folder (its code is what a factory must share with a Host).
-ROOT = str(Path(__file__).resolve().parents[2])
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
+
+def _sha256(data: bytes = b"") -> Any:
+    """A sha256 hasher: the interpreter's built-in one (no OpenSSL to load), else
+    hashlib's."""
+    global _SHA256
+    if _SHA256 is None:
+        for name in ("_sha2", "_sha256"):  # Python 3.12 and later, then 3.11
+            try:
+                _SHA256 = __import__(name).sha256
+                break
+            except ImportError:
+                continue
+        else:
+            import hashlib
+
+            _SHA256 = hashlib.sha256
+    return _SHA256(data)
+
+
+_SHA256: Any = None
 
 
 class FactoryUnavailable(HostKernelError):
@@ -64,7 +91,7 @@ def size() -> int:
         return DEFAULT_SIZE
 
 
-def identity(folder: Path | None = None) -> dict[str, str]:
+def identity(folder: str | os.PathLike[str] | None = None) -> dict[str, str]:
     """What a Host and its factory must share: the interpreter, and the package's code as
     it is now, by content (an edited or upgraded package is another factory's: a standby
     started from older code would run it; the same code checked out and installed, as a
@@ -88,7 +115,7 @@ def interpreter() -> str:
 _CONTENT: dict[str, str] = {}
 
 
-def _private(folder: Path) -> bool:
+def _private(folder: str | os.PathLike[str]) -> bool:
     """Whether ``folder`` is a folder of this user's that no one else may enter."""
     try:
         st = os.lstat(folder)
@@ -97,7 +124,7 @@ def _private(folder: Path) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
-def _fingerprint(folder: Path | None = None) -> str:
+def _fingerprint(folder: str | os.PathLike[str] | None = None) -> str:
     """The package's files (and the compiled tracer's), hashed by content; computed once
     per process for as long as their names, sizes and change times stay (about 5 ms once,
     1 ms after). With the factory's ``folder`` (private to the user), once per such
@@ -109,10 +136,11 @@ def _fingerprint(folder: Path | None = None) -> str:
     for where, dirs, names in os.walk(top):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         files += [os.path.join(where, n) for n in sorted(names) if n.endswith((".py", ".so"))]
-    spec = importlib.util.find_spec("_host_kernel_notify")  # the compiled tracer, top level
+    # The compiled tracer, a top-level module on the import path.
+    spec = importlib.machinery.PathFinder.find_spec("_host_kernel_notify")
     if spec is not None and spec.origin:
         files.append(spec.origin)
-    stats = hashlib.sha256()
+    stats = _sha256()
     for path in files:
         try:
             st = os.stat(path)
@@ -122,7 +150,7 @@ def _fingerprint(folder: Path | None = None) -> str:
     key = stats.hexdigest()
     remembered = None
     if key not in _CONTENT and folder is not None and _private(folder):
-        remembered = folder / f"code-{key[:32]}"
+        remembered = os.path.join(folder, f"code-{key[:32]}")
         try:
             with open(remembered, encoding="ascii") as f:
                 value = f.read(64).strip()
@@ -131,7 +159,7 @@ def _fingerprint(folder: Path | None = None) -> str:
         except (OSError, UnicodeDecodeError):
             pass
     if key not in _CONTENT:
-        content = hashlib.sha256()
+        content = _sha256()
         for path in files:
             try:
                 with open(path, "rb") as f:
@@ -142,35 +170,57 @@ def _fingerprint(folder: Path | None = None) -> str:
             content.update(f"{name}\0{len(data)}\0".encode() + data)
         _CONTENT[key] = content.hexdigest()[:16]
         if remembered is not None:
-            tmp = remembered.with_name(f"{remembered.name}.{os.getpid()}.tmp")
+            tmp = f"{remembered}.{os.getpid()}.tmp"
             try:
                 with open(tmp, "w", encoding="ascii") as f:
                     f.write(_CONTENT[key] + "\n")
                 os.replace(tmp, remembered)
             except OSError:
-                with contextlib.suppress(OSError):
+                try:
                     os.unlink(tmp)
+                except OSError:
+                    pass
     return _CONTENT[key]
 
 
 class Place:
     """The factory's folder and the paths in it, for this user and installation."""
 
-    def __init__(self, folder: Path | None = None) -> None:
-        self.folder = folder if folder is not None else default_folder()
+    def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
+        #: The folder, as a string (:attr:`folder` is it as a Path).
+        self.path = os.fspath(folder) if folder is not None else _default_folder()
         #: This process's installation, as its factory must match it.
-        self.identity = ident = identity(self.folder)
-        key = hashlib.sha256("\0".join(ident.values()).encode()).hexdigest()[:12]
-        self.socket = self.folder / f"factory-{key}.sock"
-        self.lock = self.folder / f"factory-{key}.lock"
-        self.log = self.folder / f"factory-{key}.log"
+        self.identity = ident = identity(self.path)
+        key = _sha256("\0".join(ident.values()).encode()).hexdigest()[:12]
+        #: The names of the factory's socket, lock and log in the folder.
+        self.socket_name = f"factory-{key}.sock"
+        self.lock_name = f"factory-{key}.lock"
+        self.log_name = f"factory-{key}.log"
+
+    @property
+    def folder(self) -> Path:
+        from pathlib import Path
+
+        return Path(self.path)
+
+    @property
+    def socket(self) -> Path:
+        return self.folder / self.socket_name
+
+    @property
+    def lock(self) -> Path:
+        return self.folder / self.lock_name
+
+    @property
+    def log(self) -> Path:
+        return self.folder / self.log_name
 
     def ensure(self) -> None:
         """Make the folder (mode 0700) if missing, and check it is this user's alone: a
         folder someone else owns or may enter could hold a socket they serve."""
         try:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = os.lstat(self.folder)
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            st = os.lstat(self.path)
         except OSError as exc:
             raise FactoryUnavailable(f"cannot make the factory's folder {self.folder}: "
                                      f"{exc.strerror}") from exc
@@ -188,13 +238,78 @@ def default_folder() -> Path:
     ``/tmp/host-kernel-<uid>``. Every one of these lies beneath a folder the sandbox's
     private view covers (the user's runtime folder, the temp root), so no confined
     kernel sees the socket (host_kernel/sandbox/policy.py ``view_of``)."""
+    from pathlib import Path
+
+    return Path(_default_folder())
+
+
+def _default_folder() -> str:
     given = os.environ.get(DIR_ENV)
     if given:
-        return Path(given)
+        return given
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
-        return Path(runtime) / "host-kernel"
-    base = tempfile.gettempdir()
+        return os.path.join(runtime, "host-kernel")
+    base = temp_root()
     if len(base) > 64:  # a socket path must fit in 107 bytes
         base = "/tmp"
-    return Path(base) / f"host-kernel-{os.getuid()}"
+    return os.path.join(base, f"host-kernel-{os.getuid()}")
+
+
+def temp_root(probe: Callable[[str], bool] | None = None) -> str:
+    """``tempfile.gettempdir()``, which the sandbox's private view hides: from tempfile
+    itself once it is imported, else found as it finds it (without importing it and
+    the modules it brings), and remembered there for this process.
+
+    Its rule: the first of ``$TMPDIR``, ``$TEMP``, ``$TMP`` (those set), ``/tmp``,
+    ``/var/tmp``, ``/usr/tmp`` and the working folder, made absolute, in which a new
+    file can be made and written. ``probe`` decides that instead (tests)."""
+    module = sys.modules.get("tempfile")
+    if module is not None:
+        return str(module.gettempdir())
+    global _TEMP_ROOT
+    if _TEMP_ROOT is not None and probe is None:
+        return _TEMP_ROOT
+    places = [value for value in (os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP"))
+              if value]
+    places += ["/tmp", "/var/tmp", "/usr/tmp"]
+    try:
+        places.append(os.getcwd())
+    except OSError:
+        places.append(os.curdir)
+    for place in places:
+        folder = place if place == os.curdir else os.path.abspath(place)
+        if (probe or _writable)(folder):
+            if probe is None:
+                _TEMP_ROOT = folder
+            return folder
+    raise FileNotFoundError(f"no usable temporary folder among {places}")
+
+
+#: What :func:`temp_root` found in this process, before tempfile was imported.
+_TEMP_ROOT: str | None = None
+
+
+def _writable(folder: str) -> bool:
+    """Whether a new file can be made in ``folder`` and written (then removed)."""
+    for _ in range(100):
+        name = os.path.join(folder, f"tmp{os.urandom(6).hex()}")
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        except OSError:
+            return False
+        try:
+            os.write(fd, b"blat")
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+        return True
+    return False
