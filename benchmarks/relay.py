@@ -27,6 +27,7 @@ from typing import Any
 
 from jupyter_client.manager import KernelManager
 
+from benchmarks import _instant as instant
 from benchmarks._harness import Limit, Plan, Result, env_var, interleaved, scratch
 from host_kernel.control.kernelspec import install
 
@@ -128,6 +129,7 @@ def _kernelspecs() -> Iterator[Path]:
     the records of its workspaces kept under it too."""
     with scratch() as root:
         install(prefix=str(root / "prefix"))
+        instant.install(root / "prefix" / "share" / "jupyter")  # the floor (benchmarks/_instant.py)
         with env_var("JUPYTER_PATH", str(root / "prefix" / "share" / "jupyter")), \
                 env_var("XDG_STATE_HOME", str(root / "state")):
             yield root
