@@ -70,7 +70,7 @@ def socket_path(place: Place) -> Path:
 
 def socket_file(place: Place) -> str:
     """:func:`socket_path` as a string (the launching process's own use)."""
-    return os.path.join(place.folder, place.socket_name.replace("factory-", "relay-", 1))
+    return os.path.join(place.path, place.socket_name.replace("factory-", "relay-", 1))
 
 
 #: Bytes of a C int, as SCM_RIGHTS carries each descriptor.
@@ -242,7 +242,7 @@ def _start(place: Any) -> None:
     argv.insert(1, "-P")  # as the kernelspec's launch: no start folder on the path
     try:
         with open(socket_file(place)[:-len(".sock")] + ".log", "ab") as log:
-            proc = subprocess.Popen([*argv, "--folder", str(place.folder)],
+            proc = subprocess.Popen([*argv, "--folder", place.path],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/",
                                     start_new_session=True, close_fds=True)
     except OSError:
