@@ -373,6 +373,70 @@ def test_just_after_a_restart_a_session_whose_host_may_reconnect_is_not_taken(
     assert [e.kind for e in _events(pg_url, "s-a")] == ["session_started", "cell_started"]
 
 
+def _lingering_lock(writer: PostgresLedger, url: str, session: str) -> Any:
+    """The writer's connection drops while the server still holds ``session``'s lock for
+    it: the writer's own lock goes to a second connection, which stands in for the server's
+    end of the lost one, and the writer's connection is closed. Returns that connection."""
+    import psycopg
+
+    from host_kernel.store.pg import _lock_id
+
+    lingering = psycopg.connect(url, autocommit=True)
+    writer._conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_id(session),))
+    lingering.execute("SELECT pg_advisory_lock(%s)", (_lock_id(session),))
+    writer._conn.close()
+    return lingering
+
+
+def test_a_lost_connections_lock_that_goes_as_it_is_looked_at_is_taken_back(
+        server: PgServer, pg_url: str) -> None:
+    """Taking a session back after the connection dropped: its lock is still held when
+    the writer tries it, and nobody holds it when the writer then asks who does (the
+    server's end of the lost connection ended in between, as a loaded server's does). The
+    writer tries again and goes on. It used to decide another Host held the session and
+    refuse it for good: a batch task failed with foreign_event in a loaded CI-like run."""
+    with PostgresLedger(pg_url, patience=30, say=_quiet) as writer:
+        writer.claim("s-race")
+        writer.append("s-race", "session_started", {"workdir": "/w"})
+        lingering = _lingering_lock(writer, pg_url, "s-race")
+        real = writer._lock_holder
+        looked: list[int | None] = []
+
+        def holder_once_it_went(session: str) -> int | None:
+            if not looked:
+                lingering.close()  # its backend ends between the two looks
+                wait_for(lambda: real(session) is None, 10, "the lock to be let go")
+            looked.append(real(session))
+            return looked[-1]
+
+        writer._lock_holder = holder_once_it_went  # type: ignore[method-assign]
+        writer.append("s-race", "cell_started", {"cell_id": "c-1", "generation": 1,
+                                                 "code": ""})
+        assert looked == [None]
+        writer.append("s-race", "cell_finished", {"cell_id": "c-1", "status": "ok",
+                                                  "outputs": []})
+    assert [e.kind for e in _events(pg_url, "s-race")] == ["session_started", "cell_started",
+                                                           "cell_finished"]
+
+
+def test_a_session_another_connection_holds_is_not_taken_back(server: PgServer,
+                                                               pg_url: str) -> None:
+    """The same drop, but the lock stays with a live connection that is not one of the
+    writer's own: another Host holds the session, and the writer appends nothing more."""
+    with PostgresLedger(pg_url, patience=5, say=_quiet) as writer:
+        writer.claim("s-held")
+        writer.append("s-held", "session_started", {"workdir": "/w"})
+        other = _lingering_lock(writer, pg_url, "s-held")
+        try:
+            for _ in range(2):
+                with pytest.raises(RecordError, match="another Host|taken up by another"):
+                    writer.append("s-held", "cell_started", {"cell_id": "c-1",
+                                                             "generation": 1, "code": ""})
+        finally:
+            other.close()
+    assert [e.kind for e in _events(pg_url, "s-held")] == ["session_started"]
+
+
 # --------------------------------------------------------------------------- S3
 
 

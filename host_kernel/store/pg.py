@@ -192,10 +192,12 @@ class PostgresLedger(OneStatementAppend):
         self.adopted: list[Event] = []
         #: Sessions whose lock is to be taken again on a new connection.
         self._reclaim: list[str] = []
-        #: (pid, backend_start) of the server's end of this connection, and of the one
-        #: before it: a lost connection the server has not noticed yet still holds locks.
+        #: (pid, backend_start) of the server's end of this connection: once the
+        #: connection is lost, the server may not have noticed yet, and still hold its locks.
         self._backend: tuple[int, Any] | None = None
-        self._lost_backend: tuple[int, Any] | None = None
+        #: The server processes of this writer's connections that dropped since it last
+        #: took back every session it held: (pid, backend_start), the newest last.
+        self._lost_backends: list[tuple[int, Any]] = []
         self._in_snapshot = False
         #: The one-statement appends prepared on this connection (statement: its name), and
         #: how many were ever prepared (each name is new).
@@ -306,7 +308,9 @@ class PostgresLedger(OneStatementAppend):
         if old is not None:
             with contextlib.suppress(Exception):
                 old.close()
-            self._lost_backend = self._backend
+            if self._backend is not None:
+                self._lost_backends = [*self._lost_backends[-(_LOST_KEPT - 1):],
+                                       self._backend]
             self._reclaim = sorted(set(self._reclaim) | self._claimed)
             self._claimed = set()
         self._conn = self._connect()
@@ -320,14 +324,18 @@ class PostgresLedger(OneStatementAppend):
         conn = self._conn
         for session in list(self._reclaim):
             if not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (_lock_id(session),))):
-                lost = self._lost_backend
-                if lost is not None and self._lock_holder(session) == lost[0]:
+                holder = self._lock_holder(session)
+                mine = [lost for lost in self._lost_backends if lost[0] == holder]
+                if holder is None or mine:
                     # This writer's own lost connection, which the server has not noticed is
-                    # gone: end it (the same backend, not one that took its pid since).
-                    with contextlib.suppress(self._psycopg.Error):  # else: the server will
-                        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_catalog."
-                                     "pg_stat_activity WHERE pid = %s AND backend_start = %s",
-                                     lost)
+                    # gone: end it (the same backend, not one that took its pid since). Or
+                    # nobody holds the lock any more: that backend ended between the two
+                    # looks (a loaded server's, often). Either way, try again.
+                    for lost in mine:
+                        with contextlib.suppress(self._psycopg.Error):  # else: the server will
+                            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_catalog."
+                                         "pg_stat_activity WHERE pid = %s AND "
+                                         "backend_start = %s", lost)
                     raise _Lingering(f"the server still holds session {session} for this "
                                      f"Host's lost connection")
                 self._reclaim.remove(session)
@@ -351,6 +359,7 @@ class PostgresLedger(OneStatementAppend):
                     f"meanwhile (another Host closed it as abandoned); nothing more is "
                     f"appended to it", problems=[ChainProblem(0 if now is None else now.seq,
                                                               "the session's chain moved on")])
+        self._lost_backends = []  # every session taken back: none of them holds one now
 
     def _lock_holder(self, session: str) -> int | None:
         """The server process that holds ``session``'s advisory lock, if any."""
@@ -666,6 +675,11 @@ def _rows(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     column name (:class:`~host_kernel.store.pgwire.Row`), one class per set of column
     names (an append reads three results, a statement's and its BEGIN's and COMMIT's)."""
     return _row_class(tuple(c.name for c in cursor.description or ()))
+
+
+#: Lost connections' server processes a writer remembers (a connection that drops while
+#: the sessions are being taken back adds one more).
+_LOST_KEPT = 8
 
 
 class _Lingering(Exception):
