@@ -308,9 +308,8 @@ class PostgresLedger(OneStatementAppend):
         if old is not None:
             with contextlib.suppress(Exception):
                 old.close()
-            if self._backend is not None:
-                self._lost_backends = [*self._lost_backends[-(_LOST_KEPT - 1):],
-                                       self._backend]
+            if self._backend is not None:  # the last eight (a drop while taking back adds one)
+                self._lost_backends = [*self._lost_backends[-7:], self._backend]
             self._reclaim = sorted(set(self._reclaim) | self._claimed)
             self._claimed = set()
         self._conn = self._connect()
@@ -328,9 +327,8 @@ class PostgresLedger(OneStatementAppend):
                 mine = [lost for lost in self._lost_backends if lost[0] == holder]
                 if holder is None or mine:
                     # This writer's own lost connection, which the server has not noticed is
-                    # gone: end it (the same backend, not one that took its pid since). Or
-                    # nobody holds the lock any more: that backend ended between the two
-                    # looks (a loaded server's, often). Either way, try again.
+                    # gone: end it (the same backend, not one that took its pid since). None:
+                    # it ended between the two looks (a loaded server's, often). Try again.
                     for lost in mine:
                         with contextlib.suppress(self._psycopg.Error):  # else: the server will
                             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_catalog."
@@ -675,11 +673,6 @@ def _rows(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     column name (:class:`~host_kernel.store.pgwire.Row`), one class per set of column
     names (an append reads three results, a statement's and its BEGIN's and COMMIT's)."""
     return _row_class(tuple(c.name for c in cursor.description or ()))
-
-
-#: Lost connections' server processes a writer remembers (a connection that drops while
-#: the sessions are being taken back adds one more).
-_LOST_KEPT = 8
 
 
 class _Lingering(Exception):
