@@ -271,7 +271,6 @@ class ExecutableCache:
                 self._hashes[path] = (after, sha)
         return sha
 
-
     def for_call(self, generation: int) -> CallLookups:
         """This cache as one ``host.bash`` call of ``generation`` uses it."""
         self.generation(generation)
