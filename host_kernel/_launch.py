@@ -18,6 +18,8 @@ import os
 import select
 import sys
 
+from ._fds import recv_fds, send_fds
+
 # This module is the kernelspec's launching process (and ``exec``'s) before it asks the
 # zygote: it imports no more than it needs. typing, socket, signal, array and pathlib (the
 # enums, re and collections they bring) were a third of that process's start in an
@@ -71,31 +73,6 @@ def socket_path(place: Place) -> Path:
 def socket_file(place: Place) -> str:
     """:func:`socket_path` as a string (the launching process's own use)."""
     return os.path.join(place.path, place.socket_name.replace("factory-", "relay-", 1))
-
-
-#: Bytes of a C int, as SCM_RIGHTS carries each descriptor.
-_INT = 4
-
-
-def send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
-    """``data`` and the descriptors ``fds`` in one message (``socket.send_fds``, which
-    the launching process does without)."""
-    packed = b"".join(fd.to_bytes(_INT, sys.byteorder, signed=True) for fd in fds)
-    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
-
-
-def recv_fds(sock: Any, size: int, most: int) -> tuple[bytes, list[int]]:
-    """Up to ``size`` bytes and up to ``most`` descriptors that came with them; descriptors
-    beyond the first ``most`` (or cut short) are closed, never leaked."""
-    data, ancdata, _, _ = sock.recvmsg(size, _socket.CMSG_SPACE(most * _INT))
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds += [int.from_bytes(payload[i:i + _INT], sys.byteorder, signed=True)
-                    for i in range(0, len(payload) - _INT + 1, _INT)]
-    for fd in fds[most:]:
-        os.close(fd)
-    return data, fds[:most]
 
 
 def read_line(sock: Any, limit: int = 1 << 20,

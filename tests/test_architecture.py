@@ -151,7 +151,7 @@ NEVER: dict[str, set[str]] = {
 #: The lowest layers, by what they may import at all.
 ONLY: dict[str, set[str]] = {
     "store": {"_errors", "_paths", "_procs"},
-    "sandbox": {"_paths"},
+    "sandbox": {"_paths", "_fds"},
 }
 
 

@@ -189,7 +189,8 @@ def test_the_temp_root_goes_down_tempfiles_list(tmp_path: Path,
 def test_descriptors_pass_and_extra_ones_are_closed() -> None:
     import _socket
 
-    from host_kernel._launch import read_line, recv_fds, send_fds
+    from host_kernel._fds import recv_fds, send_fds
+    from host_kernel._launch import read_line
 
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))

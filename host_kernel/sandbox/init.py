@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (no stub; the enum-free signal module)
 import _socket
-import array
 import ctypes
 import marshal
 import os
@@ -59,6 +58,7 @@ import select
 import sys
 import time
 
+from .._fds import recv_fds, send_fds
 from . import world
 
 TYPE_CHECKING = False
@@ -90,20 +90,8 @@ def _send(ctl: Any, message: dict[str, Any]) -> None:
 
 def recv_with_fds(sock: Any, bufsize: int = _MAX_MSG, maxfds: int = _MAX_FDS,
                   flags: int = 0) -> tuple[bytes, list[int]]:
-    """One message and the descriptors it carried (the Host's side uses it too:
-    ``socket.recv_fds`` drops its ``flags`` in 3.11)."""
-    data, ancdata, _, _ = sock.recvmsg(bufsize, _socket.CMSG_SPACE(maxfds * 4), flags)
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            ints = array.array("i")
-            ints.frombytes(payload[:len(payload) - len(payload) % ints.itemsize])
-            fds += list(ints)
-    return data, fds
-
-
-def _socket_send_fds(sock: Any, data: bytes, fds: list[int]) -> None:
-    sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+    """One message and the descriptors it carried (the Host's side uses it too)."""
+    return recv_fds(sock, bufsize, maxfds, flags)
 
 
 def _exec_child(argv: list[str], cwd: str, env: dict[str, str], fds: list[int],
@@ -172,7 +160,7 @@ def _trace_self(handoff: Any) -> None:
     except OSError as exc:
         handoff.send(marshal.dumps({"error": f"seccomp filter refused: {exc}"}))
     else:
-        _socket_send_fds(handoff, marshal.dumps({"listener": True}), [listener])
+        send_fds(handoff, marshal.dumps({"listener": True}), [listener])
         os.close(listener)
     handoff.close()
 
@@ -285,7 +273,7 @@ class _Spawner:
 
     def _hand_over(self, pid: int, orders_init: Any, status_host: Any) -> None:
         try:
-            _socket_send_fds(self.ctl, marshal.dumps({"ready": pid}),
+            send_fds(self.ctl, marshal.dumps({"ready": pid}),
                              [orders_init.fileno(), status_host.fileno()])
         except OSError:
             pass  # the Host is gone; the loop sees EOF next
@@ -493,7 +481,7 @@ class _Spawner:
         ruleset = _ruleset(msg)
         self.rulesets.append(ruleset)
         try:
-            _socket_send_fds(self.ctl, marshal.dumps({"narrowed": True, "error": error}),
+            send_fds(self.ctl, marshal.dumps({"narrowed": True, "error": error}),
                              [ruleset])
         except OSError:
             pass  # the Host is gone; the loop sees EOF next
