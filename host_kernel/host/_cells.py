@@ -34,7 +34,10 @@ from ._session import Session
 from ._trace import TracedAccess, now_ns
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._models import Observation
+    from ..lineage.statements import Prepared
 
 __all__ = ["INTERRUPT_GRACE", "LIVENESS_POLL", "CellRunner", "RunningCell", "join"]
 
@@ -131,15 +134,18 @@ class CellRunner:
             t0 = time.monotonic()
             run: CellRun | None = None
             finished = False
+            prepared: list[Prepared | None] = []
             try:
                 try:
-                    run = self._run(kernel, code, cell_id, timeout)
+                    run = self._run(kernel, code, cell_id, timeout,
+                                    on_sent=lambda: prepared.append(self._prepare(code)))
                 finally:
                     self.running = None
                 duration = time.monotonic() - t0
                 notice = self.settle_commands(cell_id)
                 # Before any restart below, which forgets every name in memory.
-                lineage_body = self.cell_lineage(running, run.access)
+                lineage_body = self.cell_lineage(running, run.access,
+                                                 prepared[0] if prepared else None)
                 notice = self._after_run(kernel, run, notice, timeout)
                 outputs = [self.redactor.deep(o) for o in run.outputs]
                 body: dict[str, Any] = {
@@ -308,11 +314,19 @@ class CellRunner:
         while shell.poll(0):
             shell.recv_multipart()
 
-    def cell_lineage(self, running: RunningCell, access: Any) -> dict[str, Any]:
+    def _prepare(self, code: str) -> Prepared | None:
+        """Lineage's work on the code alone, done while the kernel runs the cell."""
+        try:
+            return self.lineage.prepare(code)
+        except Exception:  # noqa: BLE001 - cell_finished does it again and records any error
+            return None
+
+    def cell_lineage(self, running: RunningCell, access: Any,
+                     prepared: Prepared | None = None) -> dict[str, Any]:
         """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in
         the cell's window, or, untraced, what the kernel's audit hook reported (``access``).
         Returns what the cell's record adds: ``traced``, ``inputs_kept`` and any
-        ``lineage_error``.
+        ``lineage_error``. ``prepared``: lineage's work on the cell's code (``_prepare``).
 
         The bytes of the cell's reads are kept before lineage hashes them: the copy leaves
         each file's hash in the cache lineage reads, so a kept file is read and hashed once.
@@ -339,11 +353,11 @@ class CellRunner:
             if traced is not None:
                 body["traced"] = traced.to_record()
                 self.lineage.cell_finished(running.cell_id, running.code, traced.access(),
-                                           running.io, method=TRACED)
+                                           running.io, method=TRACED, prepared=prepared)
             elif self.generations.trace is None:
                 # The keys the keeper's own stat just found equal to cached ones: no second stat.
                 self.lineage.cell_finished(running.cell_id, running.code, access, running.io,
-                                           known=copied.keys)
+                                           known=copied.keys, prepared=prepared)
         except Exception as exc:  # noqa: BLE001 - lineage is evidence about data, never acceptance
             body["lineage_error"] = f"{type(exc).__name__}: {exc}"
         if copied:
@@ -391,8 +405,9 @@ class CellRunner:
         return head + body + tail
 
     def _run(self, kernel: KernelGeneration, code: str, cell_id: str,
-             timeout: float | None) -> CellRun:
-        """Send the cell and collect what it produced, until the kernel's ``idle`` for it.
+             timeout: float | None, on_sent: Callable[[], object] | None = None) -> CellRun:
+        """Send the cell and collect what it produced, until the kernel's ``idle`` for it;
+        ``on_sent`` is called once the kernel has the cell, to overlap the Host's work.
 
         Reads the client's IOPub and shell sockets directly, in this thread: each
         message's signature is checked and only the parts this request needs are
@@ -421,6 +436,8 @@ class CellRunner:
                     # Marked first, so a Ctrl-C inside the send errs toward waiting.
                     sent = True
                     kc.shell_channel.send(msg)
+                    if on_sent is not None:
+                        on_sent()
                 now = time.monotonic()
                 if deadline is not None and now >= deadline and interrupted_at is None:
                     run.status = "timeout"

@@ -32,6 +32,7 @@ from ._workspace import FileStat, HashCache, Workspace, cached_hash, cached_sha2
 
 if TYPE_CHECKING:
     from ..lineage.flow import FlowTracker
+    from ..lineage.statements import Prepared
 
 __all__ = ["CellIO", "SessionLineage", "read_source"]
 
@@ -223,12 +224,20 @@ class SessionLineage:
         if self._tracker is not None:  # a tracker made now would have nothing to forget
             self._tracker.forget_names()
 
+    def prepare(self, code: str) -> Prepared:
+        """What a cell's code alone tells lineage, worked out while the kernel runs it
+        (``cell_finished`` does it again if the session's names moved on meanwhile)."""
+        from ..lineage.statements import prepare
+
+        return prepare(self.tracker, code, source_of=self.source_of)
+
     def cell_finished(self, cell_id: str, code: str, access: Any, io: CellIO,
                       method: str = OBSERVED, *,
-                      known: Mapping[str, FileStat] | None = None) -> None:
+                      known: Mapping[str, FileStat] | None = None,
+                      prepared: Prepared | None = None) -> None:
         """Feed a finished cell. ``known``: path -> a stat key the Host itself took of the
         file since the cell ended (the input keeper's), for ``cached_hash`` to use instead
-        of taking another."""
+        of taking another; ``prepared``: this cell's :meth:`prepare`."""
         reads, writes, renames, removes = self._access(access)
         writes = list(dict.fromkeys([*writes, *io.writes, *(p for _, p, _ in io.loads)]))
         for artifact_id, path, sha in io.loads:
@@ -244,7 +253,7 @@ class SessionLineage:
 
         observe(self.tracker, cell_id, code, sources,
                 [w for w in writes if w not in loaded_paths], renames, removes,
-                source_of=self.source_of)
+                source_of=self.source_of, prepared=prepared)
         self._note_writes(cell_id, writes, renames, removes)
 
     def receipt(self, cell_id: str, body: dict[str, Any]) -> None:

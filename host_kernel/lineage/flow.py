@@ -200,6 +200,7 @@ class FlowTracker:
         removes: Sequence[str] = (),
         continues: bool = False,
         conditional: bool = False,
+        names: CellNames | None = None,
     ) -> None:
         """Record one executed cell (or one piece of it).
 
@@ -210,12 +211,14 @@ class FlowTracker:
         ``removes`` forgets files that are gone, unless also written.
         ``continues``: this call is a later piece of the run the previous call
         recorded; ``conditional``: the piece may run zero or many times (see
-        the module docstring).
+        the module docstring). ``names``: ``cell_names(code, modules=self.aliases())``,
+        when the caller has it already.
         """
         self._cell_order.setdefault(cell_id, len(self._cell_order))
         if not continues:
             self._run += 1
-        names = cell_names(code, modules=self._aliases)
+        if names is None:
+            names = cell_names(code, modules=self._aliases)
         direct = _Collector(self._max)
         direct.extend(_first_distinct(sources_read, self._max + 1))
         used = set(names.used)
@@ -243,6 +246,10 @@ class FlowTracker:
                 self._files.pop(relpath, None)
 
         self._update_names(names, direct, resolved, conditional)
+
+    def aliases(self) -> dict[str, str]:
+        """A copy of: imported name -> the dotted module it is bound to."""
+        return dict(self._aliases)
 
     def module_names(self) -> frozenset[str]:
         """Names bound to modules now (a call on one changes no data)."""

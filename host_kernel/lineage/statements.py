@@ -111,7 +111,7 @@ from .knowledge import (
 )
 from .paths import Constant, PathEnv, PathState
 
-__all__ = ["observe"]
+__all__ = ["Prepared", "observe", "prepare"]
 
 #: host calls whose path argument names a file without reading or writing its bytes here.
 _NOT_IO = frozenset({"save_artifact", "lineage", "artifacts"})
@@ -141,9 +141,33 @@ class _Piece:
     reading: set[str] = field(default_factory=set)
 
 
+@dataclass
+class Prepared:
+    """What :func:`observe` learns from a cell's code alone (:func:`prepare`), used once if
+    the tracker's names are still those it saw and no ``%run`` script was read."""
+    code: str
+    start: PathState
+    aliases: dict[str, str]
+    pieces: list[_Piece] | None
+    whole: str
+    carried: PathState
+    names: CellNames | None  # the whole cell's, when it is fed whole
+    read_scripts: bool
+
+
+def prepare(tracker: FlowTracker, code: str, source_of: SourceOf | None = None) -> Prepared:
+    """The code-only part of :func:`observe`, which changes nothing in ``tracker``."""
+    start, aliases = tracker.path_state, tracker.aliases()
+    pieces, whole, env = _pieces(code, source_of, start)
+    names = cell_names(whole, modules=aliases) if pieces is None or len(pieces) < 2 else None
+    # ``whole`` is another string only when a %run line was replaced (its script was asked for)
+    return Prepared(code, start, aliases, pieces, whole, _carried(whole, env, start), names,
+                    whole is not code)
+
+
 def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[str, Source]],
             writes: list[str], renames: list[tuple[str, str]], removes: list[str], *,
-            source_of: SourceOf | None = None) -> None:
+            source_of: SourceOf | None = None, prepared: Prepared | None = None) -> None:
     """Feed one cell to the tracker, in pieces where the code says which read went where.
 
     ``sources``: (path as read, source) for each direct read of the cell;
@@ -151,13 +175,17 @@ def observe(tracker: FlowTracker, cell_id: str, code: str, sources: list[tuple[s
     :meth:`FlowTracker.observe_cell`. ``source_of(path)`` returns the text of
     a workspace file named by ``%run`` (the path as written in the magic,
     relative to the kernel's working directory) or ``None``; without it
-    ``%run`` binds unknown names (see the module docstring).
+    ``%run`` binds unknown names (see the module docstring). ``prepared``: this
+    cell's :func:`prepare`, used when it still holds.
     """
-    pieces, whole, env = _pieces(code, source_of, tracker.path_state)
-    tracker.path_state = _carried(whole, env, tracker.path_state)
+    if (prepared is None or prepared.read_scripts or prepared.code != code
+            or prepared.start != tracker.path_state
+            or prepared.aliases != tracker.aliases()):
+        prepared = prepare(tracker, code, source_of)
+    pieces, whole, tracker.path_state = prepared.pieces, prepared.whole, prepared.carried
     if pieces is None or len(pieces) < 2 or len(pieces) * len(sources) > _MAX_WORK:
         tracker.observe_cell(cell_id, whole, [s for _, s in sources], writes,
-                             renames=renames, removes=removes)
+                             renames=renames, removes=removes, names=prepared.names)
         return
     read_paths = list(dict.fromkeys(p for p, _ in sources))
     writes_of = _writes_of(pieces, writes)
@@ -359,14 +387,16 @@ def _pieces(code: str, source_of: SourceOf | None, start: PathState
             ) -> tuple[list[_Piece] | None, str, PathEnv | None]:
     """The pieces of a cell, or ``None`` with the code to feed whole; and what names hold
     after it (``start``: what they held before)."""
-    marked = _mark_runs(code)
-    python = ipython_to_python(marked)
-    if python is None:
-        return None, code, None
     try:
-        tree = ast.parse(python)
+        tree, python = ast.parse(code), code  # plain Python: a "%run" line is in a string
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None, code, None
+        converted = ipython_to_python(_mark_runs(code))
+        if converted is None:
+            return None, code, None
+        try:
+            tree, python = ast.parse(converted), converted
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None, code, None
     units: list[tuple[ast.stmt, str, str | None]] = []
     inlined = False
     for node in tree.body:
@@ -398,12 +428,8 @@ def _pieces(code: str, source_of: SourceOf | None, start: PathState
 
 
 def _mark_runs(code: str) -> str:
-    """Top-level ``%run`` lines become calls that :func:`_run_target` recognises."""
-    try:
-        ast.parse(code)
-        return code  # plain Python: a "%run" line is inside a string
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        pass
+    """Top-level ``%run`` lines of a cell that is not plain Python become calls that
+    :func:`_run_target` recognises."""
     lines = code.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("%run ") or line == "%run":
