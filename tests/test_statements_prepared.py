@@ -33,11 +33,11 @@ def inputs(tracker: FlowTracker, path: str) -> list[str]:
 
 CELLS = [
     ("c1", "import pandas as pd\nimport os\nroot = 'data'", [], []),
-    ("c2", "df = pd.read_csv(os.path.join(root, 'a.csv'))\n"
-           "junk = open('data/b.csv').read()\nprint(junk)",
+    ("c2", ("df = pd.read_csv(os.path.join(root, 'a.csv'))\n"
+            "junk = open('data/b.csv').read()\nprint(junk)"),
      ["data/a.csv", "data/b.csv"], []),
-    ("c3", "for name in ['x', 'y']:\n    df.to_csv(f'out/{name}.csv')\n"
-           "open('o.txt', 'w').write(junk)",
+    ("c3", ("for name in ['x', 'y']:\n    df.to_csv(f'out/{name}.csv')\n"
+            "open('o.txt', 'w').write(junk)"),
      [], ["out/x.csv", "out/y.csv", "o.txt"]),
 ]
 

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 from .._errors import HostCallError
 from ..sandbox.client import ConfinedProcess, Sandbox, SandboxError, popen_confined
-from ..store.blobs import FileBlobStore, open_regular
+from ..store.blobs import RACY_NS, FileBlobStore, Stamp, open_regular, stamp
 from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
 from ._direct import direct_argv
 from ._redact import Redactor
@@ -154,18 +154,11 @@ _BASH_ONLY_BUILTINS = frozenset(
 )
 
 
-#: A time stamp this close to now (ns) is not trusted to show a later change: file systems
-#: stamp times from a coarse clock, some to the second or two, so a change in the same
-#: tick as a look would leave the stamp as it was.
-RACY_NS = 2_000_000_000
 #: Lookups and hashes one cache holds at most; past it, it starts again empty.
 _CACHE_ENTRIES = 1024
 #: What a name's stat says about it, as ``shutil.which`` weighs it: which file, its type
 #: and permission bits, and its change time (which a chmod or an ACL change moves).
 _Mark = tuple[int, int, int, int] | None
-#: A file's identity and content stamp: device, inode, size, modification and change time.
-_Stamp = tuple[int, int, int, int, int]
-
 
 def _mark(path: str) -> _Mark:
     try:
@@ -173,10 +166,6 @@ def _mark(path: str) -> _Mark:
     except (OSError, ValueError):
         return None
     return (st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns)
-
-
-def _stamp(st: os.stat_result) -> _Stamp:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class ExecutableCache:
@@ -205,7 +194,7 @@ class ExecutableCache:
         #: (name, PATH) -> (the places looked, with their marks; what which returned)
         self._found: dict[tuple[str, str], tuple[tuple[tuple[str, _Mark], ...], str | None]] = {}
         #: real path -> (its stamp, its sha256)
-        self._hashes: dict[str, tuple[_Stamp, str]] = {}
+        self._hashes: dict[str, tuple[Stamp, str]] = {}
 
     def generation(self, generation: int) -> None:
         """A new kernel generation forgets what the last one looked up."""
@@ -252,16 +241,16 @@ class ExecutableCache:
             kept = self._hashes.get(path)
         if kept is not None:
             try:
-                if _stamp(os.stat(path)) == kept[0]:
+                if stamp(os.stat(path)) == kept[0]:
                     return kept[1]
             except (OSError, ValueError):
                 return None
         now = time.time_ns()
         try:
             with open_regular(path, follow_symlinks=True) as f:
-                before = _stamp(os.fstat(f.fileno()))
+                before = stamp(os.fstat(f.fileno()))
                 sha = hashlib.file_digest(f, "sha256").hexdigest()
-                after = _stamp(os.fstat(f.fileno()))
+                after = stamp(os.fstat(f.fileno()))
         except (OSError, ValueError, HostCallError):
             return None
         if before == after and after[4] < now - RACY_NS:

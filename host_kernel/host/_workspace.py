@@ -37,6 +37,23 @@ __all__ = ["SETTLED_NS", "SKIPPED_FOLDERS", "OpenStamps", "Workspace", "WrittenF
 MAX_PATH_CHARS = 4096
 
 
+def _real_folder(path: str) -> str | None:
+    """The folder ``path`` names, resolved as the kernel (not the Host) opened it: one
+    ``O_PATH`` open and the name /proc gives the descriptor (a ``realpath`` is a ``lstat``
+    per part). None when it is no folder now, or /proc does not say."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return real if real.startswith("/") and not real.endswith(" (deleted)") else None
+
+
 @dataclass(frozen=True, slots=True)
 class WrittenFile:
     path: str
@@ -93,6 +110,13 @@ class Workspace:
         """The absolute cwd a command runs in: the kernel's cwd, which must be in the workspace."""
         if not isinstance(cwd, str) or not os.path.isabs(cwd):
             raise BadArguments("cwd must be an absolute path string")
+        real_s = _real_folder(cwd)
+        if real_s is not None:
+            root, record = str(self.root), str(self.record)
+            if (real_s == root or real_s.startswith(root + "/")) and not (
+                    real_s == record or real_s.startswith(record + "/")):
+                return Path(real_s)
+        # Outside, in the record, missing or not a folder: said as each is found.
         real = Path(os.path.realpath(cwd))
         if not self.contains(real):
             raise PathRefused(f"the kernel's working directory {cwd} is outside the workspace "

@@ -33,9 +33,11 @@ import errno
 import hashlib
 import os
 import queue
+import re
 import stat
 import tempfile
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,8 +49,8 @@ from .._errors import FileProblem, HostCallError, PathRefused, StorageError
 from .._procs import pid_alive
 from ._copy import copy_hashed, file_source
 
-__all__ = ["EMPTY_SHA256", "BlobRef", "BlobStore", "FileBlobStore", "file_kind",
-           "open_beneath", "open_regular"]
+__all__ = ["EMPTY_SHA256", "RACY_NS", "BlobRef", "BlobStore", "FileBlobStore", "Stamp",
+           "file_kind", "open_beneath", "open_regular", "stamp"]
 
 CHUNK = 4 * 1024 * 1024
 #: Buffers in flight between the copying and the hashing thread (memory: BUFFERS * CHUNK).
@@ -204,6 +206,22 @@ def open_beneath(root: str | os.PathLike[str], rel: str | PurePosixPath, *,
             os.close(fd)
 
 
+#: A blob's name: a sha256 digest in lower-case hex.
+_DIGEST = re.compile("[0-9a-f]{64}")
+#: A time stamp this close to now (ns) is not trusted to show a later change: file systems
+#: stamp times from a coarse clock, some to the second or two, so a change in the same
+#: tick as a look would leave the stamp as it was.
+RACY_NS = 2_000_000_000
+#: Blobs whose stamps a store remembers at most; past it, it starts again empty.
+_HASHED_KEPT = 4096
+#: A file's identity and content stamp: device, inode, size, modification and change time.
+Stamp = tuple[int, int, int, int, int]
+
+
+def stamp(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -226,13 +244,15 @@ class FileBlobStore:
         #: regular file). Counted once a put's copy is complete.
         self.copied: Counter[str] = Counter()
         self._copied_lock = threading.Lock()
+        #: digest -> the stamp of the blob's file when it was last hashed (:meth:`_intact`)
+        self._hashed: dict[str, Stamp] = {}
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
 
     def path(self, sha256: str) -> Path:
-        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        if not _DIGEST.fullmatch(sha256):
             raise ValueError(f"not a sha256 digest: {sha256!r}")
-        return self.blobs / sha256[:2] / sha256
+        return Path(f"{self.blobs}/{sha256[:2]}/{sha256}")
 
     # -- writing
 
@@ -480,7 +500,33 @@ class FileBlobStore:
             return hashlib.file_digest(f, "sha256").hexdigest()
 
     def _intact(self, digest: str) -> bool:
-        return self.hash_of(digest) == digest
+        """Whether the blob is stored and its bytes hash to its name (a put of them adds
+        nothing). A blob this store hashed is not read again while its file's stamp holds:
+        device, inode, size, modification and change time, taken from the descriptor that
+        was hashed. Writing a file moves its change time, which no process can set back;
+        a stamp whose change time was within :data:`RACY_NS` of the hash is not kept (a
+        change in the same clock tick would not move it)."""
+        try:
+            path = self.path(digest)
+            st = os.lstat(path)
+        except (ValueError, OSError):
+            return False
+        if self._hashed.get(digest) == stamp(st):  # another file, a link or a folder: not
+            return True
+        now = time.time_ns()
+        try:
+            f = self.open(digest)
+        except StorageError:
+            return False
+        with f:
+            before = stamp(os.fstat(f.fileno()))
+            intact = hashlib.file_digest(f, "sha256").hexdigest() == digest
+            after = stamp(os.fstat(f.fileno()))
+        if intact and before == after and after[4] < now - RACY_NS:
+            if len(self._hashed) >= _HASHED_KEPT:
+                self._hashed.clear()
+            self._hashed[digest] = after
+        return intact
 
     def __iter__(self) -> Iterator[str]:
         """Every name under the store's folders, whatever it is (audit flags what is not a blob)."""

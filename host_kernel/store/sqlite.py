@@ -256,7 +256,8 @@ class SQLiteLedger:
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(SCHEMA)
+            # One transaction for every table and index: one commit, not one each.
+            self._conn.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
             _add_mac_column(self._conn)
             self._key = (os.urandom(KEY_BYTES) if self.path is None
                          else _writer_key(self.path.parent, self._conn))
