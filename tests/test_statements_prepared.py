@@ -138,3 +138,39 @@ def test_the_host_works_out_each_cells_pieces_once(tmp_path: Path,
         row = host.ledger.query("SELECT lineage FROM artifacts WHERE session = ?",
                                 (host.session_id,))[0]
     assert '"a.csv"' in row["lineage"] and '"b.csv"' not in row["lineage"]
+
+
+def test_the_relay_host_works_out_a_cell_once_while_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay prepares a cell once it has forwarded it (``prepare_cell``); recording
+    the cell's end uses that, and the lineage recorded is the cell's."""
+    from host_kernel.host._relay_support import RelayHost
+
+    work = tmp_path / "ws"
+    work.mkdir()
+    (work / "a.csv").write_text("1\n")
+    calls: list[str] = []
+    cut = statements._pieces
+
+    def counting(code: str, *args: object) -> object:
+        calls.append(code)
+        return cut(code, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(statements, "_pieces", counting)
+    code = "import os\nroot = 'data'"
+    host = RelayHost(work, record_dir=tmp_path / "record").start()
+    try:
+        cell_id = host.begin_cell(code, frontend_cell_id=None, silent=False)
+        host.prepare_cell()
+        host.prepare_cell()  # a second call is no second cut
+        assert calls == [code]
+        host.finish_cell("ok", 1, [])
+        assert calls == [code]
+        assert host.cells.lineage.tracker.aliases() == {"os": "os"}
+        assert host.ledger is not None
+        kinds = [r["kind"] for r in host.ledger.query(
+            "SELECT kind FROM events WHERE session = ? ORDER BY seq", (host.session_id,))]
+    finally:
+        host.close()
+    assert kinds[-2:] == ["cell_started", "cell_finished"]
+    assert cell_id

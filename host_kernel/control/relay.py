@@ -389,6 +389,7 @@ class Relay:
         self._inflight = _Inflight(str(header.get("msg_id")), header, msg.idents,
                                    bool(content.get("stop_on_error", True)) and not silent)
         self._forward_shell(msg, header)
+        self.host.prepare_cell()  # while the kernel runs it
 
     def _front_control(self, frames: list[bytes]) -> None:
         msg = self._verified(self.frontend, frames)

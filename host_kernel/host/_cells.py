@@ -138,7 +138,7 @@ class CellRunner:
             try:
                 try:
                     run = self._run(kernel, code, cell_id, timeout,
-                                    on_sent=lambda: prepared.append(self._prepare(code)))
+                                    on_sent=lambda: prepared.append(self.prepare(code)))
                 finally:
                     self.running = None
                 duration = time.monotonic() - t0
@@ -314,7 +314,7 @@ class CellRunner:
         while shell.poll(0):
             shell.recv_multipart()
 
-    def _prepare(self, code: str) -> Prepared | None:
+    def prepare(self, code: str) -> Prepared | None:
         """Lineage's work on the code alone, done while the kernel runs the cell."""
         try:
             return self.lineage.prepare(code)
@@ -326,7 +326,7 @@ class CellRunner:
         """Feed the finished cell to lineage: what the tracer saw the kernel's tree do in
         the cell's window, or, untraced, what the kernel's audit hook reported (``access``).
         Returns what the cell's record adds: ``traced``, ``inputs_kept`` and any
-        ``lineage_error``. ``prepared``: lineage's work on the cell's code (``_prepare``).
+        ``lineage_error``. ``prepared``: lineage's work on the cell's code (:meth:`prepare`).
 
         The bytes of the cell's reads are kept before lineage hashes them: the copy leaves
         each file's hash in the cache lineage reads, so a kept file is read and hashed once.

@@ -78,6 +78,8 @@ class KernelSockets:
 class _Relayed:
     running: RunningCell
     started: float
+    #: lineage's work on the cell's code, done while the kernel runs it (prepare_cell)
+    prepared: Any = None
 
 
 class RelayHost(Host):
@@ -215,6 +217,12 @@ class RelayHost(Host):
         self.cells.running = running
         return cell_id
 
+    def prepare_cell(self) -> None:
+        """Lineage's work on the running cell's code, once the kernel has the cell: done
+        while it runs, not after its reply, which the frontend waits for."""
+        if self._cell is not None and self._cell.prepared is None:
+            self._cell.prepared = self.cells.prepare(self._cell.running.code)
+
     def finish_cell(self, status: str, execution_count: int | None,
                     outputs: list[dict[str, Any]], *, dropped_chars: int = 0,
                     notice: str | None = None,
@@ -240,7 +248,7 @@ class RelayHost(Host):
             body["output_cut"] = output_cut
         if access is not None:
             body["access"] = access
-        body.update(self.cells.cell_lineage(cell, access))
+        body.update(self.cells.cell_lineage(cell, access, relayed.prepared))
         self.record.append("cell_finished", body)
         self.cells.refusals.flush()  # one count per cause of this cell's refused calls
 
