@@ -174,3 +174,34 @@ def test_the_relay_host_works_out_a_cell_once_while_it_runs(
         host.close()
     assert kinds[-2:] == ["cell_started", "cell_finished"]
     assert cell_id
+
+
+def test_the_sessions_tracker_is_made_once_whichever_threads_ask(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main thread prepares a cell while a call's thread records a receipt: both ask for
+    the session's tracker at the session's first cell, and must get the same one."""
+    import threading
+    import time
+
+    from host_kernel.host._lineage import SessionLineage
+    from host_kernel.host._workspace import Workspace
+
+    made: list[FlowTracker] = []
+    init = FlowTracker.__init__
+
+    def slow(self: FlowTracker, **kwargs: object) -> None:
+        made.append(self)
+        time.sleep(0.05)  # long enough for every other thread to ask meanwhile
+        init(self, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FlowTracker, "__init__", slow)
+    (tmp_path / "ws").mkdir()
+    lineage = SessionLineage(Workspace(tmp_path / "ws", tmp_path / "record"))
+    got: list[FlowTracker] = []
+    threads = [threading.Thread(target=lambda: got.append(lineage.tracker)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1
+    assert len(got) == 6 and all(t is made[0] for t in got)

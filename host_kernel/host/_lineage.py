@@ -21,6 +21,7 @@ only (docs/lineage.md), never acceptance evidence.
 from __future__ import annotations
 
 import shlex
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,7 @@ class SessionLineage:
         self.source_of = source_of
         self.hash_cache = {} if hash_cache is None else hash_cache
         self._tracker: FlowTracker | None = None
+        self._making = threading.Lock()
         #: path → (artifact id, sha256) of an artifact materialised there by load_artifact
         self.materialised: dict[str, tuple[str, str]] = {}
         #: (key, sha256) → when it was hashed: "cell_end" or "save"
@@ -92,11 +94,17 @@ class SessionLineage:
         """The session's tracker, made at the first cell that feeds or asks it: the
         dataflow analysis (lineage.flow and its def-use pass) is a tenth of the control
         kernel's imports, and a session's start needs none of it."""
-        if self._tracker is None:
-            from ..lineage.flow import FlowTracker
+        tracker = self._tracker
+        if tracker is None:
+            # Made once: the main thread prepares a cell while a call's thread may record
+            # a receipt, and two trackers would each keep half of the session.
+            with self._making:
+                if self._tracker is None:
+                    from ..lineage.flow import FlowTracker
 
-            self._tracker = FlowTracker()
-        return self._tracker
+                    self._tracker = FlowTracker()
+                tracker = self._tracker
+        return tracker
 
     # -- feeding
 
