@@ -160,6 +160,7 @@ _CACHE_ENTRIES = 1024
 #: and permission bits, and its change time (which a chmod or an ACL change moves).
 _Mark = tuple[int, int, int, int] | None
 
+
 def _mark(path: str) -> _Mark:
     try:
         st = os.stat(path)

@@ -38,9 +38,10 @@ MAX_PATH_CHARS = 4096
 
 
 def _real_folder(path: str) -> str | None:
-    """The folder ``path`` names, resolved as the kernel (not the Host) opened it: one
-    ``O_PATH`` open and the name /proc gives the descriptor (a ``realpath`` is a ``lstat``
-    per part). None when it is no folder now, or /proc does not say."""
+    """The folder ``path`` names, every symlink on the way resolved, as ``realpath``
+    would give it: one ``O_PATH`` open in the Host and the name /proc gives that
+    descriptor (a ``realpath`` is an ``lstat`` per part). None when it is no folder now,
+    or /proc does not say."""
     try:
         fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except (OSError, ValueError):

@@ -511,7 +511,7 @@ class FileBlobStore:
             st = os.lstat(path)
         except (ValueError, OSError):
             return False
-        if self._hashed.get(digest) == stamp(st):  # another file, a link or a folder: not
+        if self._hashed.get(digest) == stamp(st):  # the file it hashed, not changed since
             return True
         now = time.time_ns()
         try:
