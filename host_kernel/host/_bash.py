@@ -35,7 +35,7 @@ from ..store.blobs import RACY_NS, FileBlobStore, Stamp, open_regular, stamp
 from ._changes import MAX_CHANGES, Found, after_snapshot, after_trace, before_snapshot
 from ._direct import direct_argv
 from ._redact import Redactor
-from ._workspace import FileStat, HashCache, Workspace, ctime_clock_ns, file_sha256
+from ._workspace import FileStat, HashCache, Workspace, ctime_clock_ns
 
 __all__ = ["CommandContext", "ExecutableCache", "Redactor", "kill_group", "resolve_executable",
            "run_command"]
@@ -68,6 +68,10 @@ class CommandContext:
     trace: Any = None
     #: The session's remembered PATH lookups and executables' hashes (checked at each use).
     executables: ExecutableCache | None = None
+    #: Whether confined code reads the same file at a real path as the Host does (the
+    #: session's ``Policy.may_read``); None unconfined, where the kernel sees what it sees.
+    #: A file it cannot is never looked at for a receipt, hashed or exec'd directly.
+    sees: Callable[[str], bool] | None = None
 
 
 def last_command(command: str, cwd: Path) -> tuple[str, Path]:
@@ -133,7 +137,8 @@ def resolve_executable(command: str, cwd: Path, path_env: str,
         candidate = (cwd / first) if not os.path.isabs(first) else Path(first)
         # Only a file bash could run (as which asks of a PATH entry): the receipt's hash
         # of it must not tell a cell what any other file the Host can read holds.
-        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)):
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)) or (
+                isinstance(cache, CallLookups) and not cache.sees(str(candidate))):
             return None
         return str(Path(os.path.realpath(candidate)))
     if first in _BASH_ONLY_BUILTINS:
@@ -261,27 +266,40 @@ class ExecutableCache:
                 self._hashes[path] = (after, sha)
         return sha
 
-    def for_call(self, generation: int) -> CallLookups:
-        """This cache as one ``host.bash`` call of ``generation`` uses it."""
+    def for_call(self, generation: int,
+                 sees: Callable[[str], bool] | None = None) -> CallLookups:
+        """This cache as one ``host.bash`` call of ``generation`` uses it; ``sees`` as
+        :attr:`CommandContext.sees`."""
         self.generation(generation)
-        return CallLookups(self)
+        return CallLookups(self, sees)
 
 
 class CallLookups:
     """One call's PATH lookups and hashes: each lookup made once, through the
     generation's :class:`ExecutableCache` (the receipt's executable, the line exec'd
-    without bash and the file the confined child execs are found by one lookup)."""
+    without bash and the file the confined child execs are found by one lookup).
 
-    __slots__ = ("_cache", "_found")
+    A file the confined kernel cannot see (``sees``) is not found: the Host looks in its
+    own view, which holds the temp root, the records and other sessions, and a receipt
+    must not tell a cell what is there (its hash, its real path, that it exists)."""
 
-    def __init__(self, cache: ExecutableCache) -> None:
+    __slots__ = ("_cache", "_found", "_sees")
+
+    def __init__(self, cache: ExecutableCache,
+                 sees: Callable[[str], bool] | None = None) -> None:
         self._cache = cache
         self._found: dict[tuple[str, str], str | None] = {}
+        self._sees = sees
+
+    def sees(self, path: str) -> bool:
+        """Whether the kernel reads the file at ``path`` (resolved here) as the Host does."""
+        return self._sees is None or self._sees(os.path.realpath(path))
 
     def which(self, name: str, path_env: str) -> str | None:
         key = (name, path_env)
         if key not in self._found:
-            self._found[key] = self._cache.which(name, path_env)
+            found = self._cache.which(name, path_env)
+            self._found[key] = found if found is None or self.sees(found) else None
         return self._found[key]
 
     def sha256(self, path: str) -> str | None:
@@ -363,10 +381,10 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
     ws = ctx.workspace
     ctx.redactor.learn(env)
     path_env = env.get("PATH", "")
-    known = None if ctx.executables is None else ctx.executables.for_call(ctx.generation)
+    known = (ExecutableCache() if ctx.executables is None else ctx.executables).for_call(
+        ctx.generation, ctx.sees)
     executable = resolve_executable(command, cwd, path_env, known)
-    exe_sha = None if not executable else (
-        known.sha256(executable) if known is not None else file_sha256(Path(executable)))
+    exe_sha = None if not executable else known.sha256(executable)
     # Traced: the command's changes come from what the tracer sees it do, so nothing is
     # walked or hashed before it runs. Untraced (or the tracer already failed): stat the
     # workspace now and compare after.
@@ -380,12 +398,12 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         last, last_cwd, path_env, known)
     shadowed = shadowed_modules(last, last_cwd)
     # One plain command is exec'd as bash would exec it, without bash's own start.
-    direct = direct_argv(command, str(cwd), env, None if known is None else known.which)
+    direct = direct_argv(command, str(cwd), env, known.which, known.sees)
     argv, run_env = direct if direct is not None else (["bash", "-c", command], env)
     # The file the confined child execs: the lookup this call already made (direct), or
     # bash's on the command's PATH, through the same checked cache.
-    file = None if known is None else (run_env["_"] if direct is not None else known.which(
-        "bash", run_env.get("PATH", os.defpath)))
+    file = run_env["_"] if direct is not None else known.which(
+        "bash", run_env.get("PATH", os.defpath))
 
     started = time.time()
     started_ns = ctime_clock_ns()

@@ -64,11 +64,14 @@ _SHLVL = re.compile(r"[0-9]{1,3}")
 
 
 def direct_argv(command: str, cwd: str, env: Mapping[str, str],
-                which: Callable[[str, str], str | None] | None = None
+                which: Callable[[str, str], str | None] | None = None,
+                sees: Callable[[str], bool] | None = None
                 ) -> tuple[list[str], dict[str, str]] | None:
     """The argv and environment bash would exec ``command`` with, or None when the line
     is not one plain command (module docstring) and must go through bash. ``which`` is
-    the PATH lookup to use (the Host's remembered one); ``shutil.which`` by default."""
+    the PATH lookup to use (the Host's remembered one); ``shutil.which`` by default.
+    ``sees``: whether the confined kernel sees a path as the Host does; a file it does
+    not is left to bash in its own view (the Host neither opens nor names it)."""
     if not _PLAIN_LINE.fullmatch(command):
         return None
     words = _BLANKS.split(command.strip(" \t"))
@@ -86,7 +89,8 @@ def direct_argv(command: str, cwd: str, env: Mapping[str, str],
     if path is None:
         return None  # bash then searches a PATH of its own, "." among it
     found = _found(first, cwd, path, which)
-    if found is None or not _runs_without_bash(found, cwd):
+    if found is None or (sees is not None and not sees(os.path.join(cwd, found))) \
+            or not _runs_without_bash(found, cwd):
         return None
     out = {name: value for name, value in env.items() if name not in _DROPPED}
     out["PWD"] = _pwd(env.get("PWD"), cwd)

@@ -164,7 +164,9 @@ def bash(ctx: CallContext, cell: RunningCell, args: dict[str, Any], emit: Emit) 
     command_ctx = CommandContext(cell.cell_id, cell.generation, ctx.workspace, ctx.record.blobs,
                                  ctx.generations.env_of(cell.generation, cell.token),
                                  ctx.redactor, KERNEL_SET_ENV, ctx.hash_cache, started, spawner,
-                                 ctx.generations.trace, ctx.executables)
+                                 ctx.generations.trace, ctx.executables,
+                                 None if spawner is None or ctx.generations.policy is None
+                                 else ctx.generations.policy.may_read)
     try:
         body = ctx.redactor.deep(run_command(command, cwd, dict(env), timeout, command_ctx,
                                              emit))

@@ -31,6 +31,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 __all__ = ["Policy", "hidden_paths", "readable_roots", "uncovered", "view_of"]
@@ -182,6 +183,22 @@ class Policy:
         return Policy(self.workspace, self.writable + (_real(folder),), self.readable,
                       self.readable_files + (_real(connection_file),), self.hidden,
                       self.network, self.interpreter)
+
+    @cached_property
+    def _masks(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in view_of(self)[0])
+
+    def may_read(self, path: str) -> bool:
+        """Whether confined code reads the file at ``path`` (a real path) that the Host
+        reads there: a folder of the policy holds it, and no folder the private view
+        replaces with a fresh one (its own /tmp, the records' home) lies between them."""
+        if path in self.readable_files:
+            return True
+        grants = [r for r in (*self.writable, *self.readable) if _under(path, r)]
+        if not grants:
+            return False
+        deepest = max(grants, key=len)  # bound back at its own path when under a mask
+        return not any(_under(path, m) and not _under(deepest, m) for m in self._masks)
 
     def _writable_covers(self, path: str) -> bool:
         """Whether a writable folder is ``path`` or lies above it."""
