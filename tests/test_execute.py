@@ -174,3 +174,26 @@ def test_a_long_temp_folder_does_not_break_the_kernels_sockets(
     monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))
     with Host(workdir) as h:
         assert h.execute("print(host.ping()['generation'])").status == "ok"
+
+
+def test_a_session_runs_no_heartbeat_thread_and_still_sees_its_kernel_die(
+        tmp_path: Path) -> None:
+    """The Host tells a dead kernel by its process, not by jupyter_client's heartbeat: no
+    heartbeat thread (an event loop and a socket each, pinging every second) is started
+    for a generation, however many there are, and a death is still seen at once."""
+    import threading
+
+    from jupyter_client.channels import HBChannel
+
+    def beating() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if isinstance(t, HBChannel)]
+
+    before = len(beating())
+    with Host(tmp_path) as host:
+        assert host.execute("pass").status == "ok"
+        host.restart()
+        obs = host.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        assert obs.status == "kernel_died"
+        assert host.generation == 3
+        assert host.execute("1 + 1").status == "ok"
+        assert len(beating()) == before

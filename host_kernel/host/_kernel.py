@@ -152,7 +152,11 @@ class KernelGeneration:
         # (the manager's client would make a ZeroMQ context of its own, with the default
         # 100 ms between tries to connect to a kernel that has not bound yet)
         self.client = self.manager.client(context=_context())
-        self.client.start_channels()
+        # No heartbeat channel: the Host tells a dead kernel by its process (``is_alive``),
+        # and jupyter_client's heartbeat is a thread of its own with an event loop and a
+        # socket per kernel, pinging every second, which made a session's start and each
+        # restart pay for a thread (and, under load, a socket it could fail to make).
+        self.client.start_channels(hb=False)
 
     @property
     def pid(self) -> int | None:
