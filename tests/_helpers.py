@@ -114,3 +114,21 @@ def batch_cluster(prefix: str, *, stop_tracker: bool = True) -> Iterator[Any]:
         shutil.rmtree(scratch, ignore_errors=True)
         if stop_tracker and not tracking:
             tracker._stop()
+
+
+#: Cell code that keeps the kernel from ever publishing its ``idle`` status again (until
+#: ``k._publish_status = _publish``); ipykernel's own, replaced by a cell.
+MUTE_IDLE = ("k = get_ipython().kernel\n"
+             "_publish = k._publish_status\n"
+             "k._publish_status = (lambda status, *a, **kw:\n"
+             "    None if status == 'idle' else _publish(status, *a, **kw))\n")
+
+#: Cell code that keeps the kernel's next execute_reply (this cell's) from being sent,
+#: then puts ``session.send`` back.
+DROP_REPLY = ("k = get_ipython().kernel\n_send = k.session.send\n"
+              "def _drop(stream, msg_or_type, *a, **kw):\n"
+              "    if msg_or_type == 'execute_reply':\n"
+              "        k.session.send = _send\n"
+              "        return None\n"
+              "    return _send(stream, msg_or_type, *a, **kw)\n"
+              "k.session.send = _drop\n")

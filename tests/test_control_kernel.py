@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import zmq
-from _helpers import descendants, wait_for
+from _helpers import DROP_REPLY, MUTE_IDLE, descendants, wait_for
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
@@ -395,6 +395,42 @@ def test_completion_inspection_and_history_pass_through(kernel: RelayKernel) -> 
 
 
 # ------------------------------------------------------------------ generations
+
+
+def test_a_cell_that_mutes_its_idle_is_ended_by_the_relay_and_recorded_so(
+        kernel: RelayKernel) -> None:
+    """Code that keeps the kernel from ever saying idle: the relay ends the cell END_GRACE
+    after its reply, gives the frontend an idle of its own, and the record says so."""
+    try:
+        t0 = time.monotonic()
+        reply, seen = kernel.run(MUTE_IDLE + "print('muted')")
+        assert reply["content"]["status"] == "ok"
+        assert time.monotonic() - t0 < 15
+        assert any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
+                   for m in seen)  # the relay's own
+        body = kernel.events("cell_finished")[-1]
+        assert body["idle_missing"] is True and "never said it was idle" in body["notice"]
+        assert body["outputs"][0]["text"] == "muted\n"
+    finally:
+        reply, _ = kernel.run("k._publish_status = _publish")
+    assert reply["content"]["status"] == "ok"
+    assert kernel.stdout("print('back')") == "back\n"
+    assert "idle_missing" not in kernel.events("cell_finished")[-1]
+
+
+def test_a_cell_that_drops_its_reply_is_answered_by_the_relay_as_an_error(
+        kernel: RelayKernel) -> None:
+    """The other half: code that keeps the kernel's execute_reply from being sent. The
+    frontend still gets an answer (an error saying why), and the record the same."""
+    t0 = time.monotonic()
+    reply, _ = kernel.run(DROP_REPLY)
+    assert time.monotonic() - t0 < 15
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "ReplyMissing"
+    body = kernel.events("cell_finished")[-1]
+    assert body["status"] == "error" and "never answered it" in body["notice"]
+    assert body["reply_missing"] is True and "idle_missing" not in body
+    assert kernel.stdout("print('back')") == "back\n"  # put back by the cell itself
 
 
 def test_a_kernel_death_is_recorded_and_the_next_cell_runs_in_a_new_generation(

@@ -49,6 +49,7 @@ import zmq
 from jupyter_client.session import Session
 
 from .._errors import HostKernelError
+from ..host._cells import join
 from ..host._outputs import Outputs
 from ..host._relay_support import KernelSockets, RelayHost, ResumeState
 from ..host._render import cut_notice
@@ -81,6 +82,10 @@ LIVENESS_EVERY = 0.25
 #: After a cell's execute_reply (or idle status), how long to wait for the other one
 #: before finishing the cell anyway.
 END_GRACE = 1.0
+#: A cell's notice (and the error the frontend is answered with) when the kernel said the
+#: cell was idle but never answered it.
+_REPLY_MISSING = (f"The kernel said this cell was idle but never answered it; the relay "
+                  f"ended the cell {END_GRACE:g} s later and recorded it as an error.")
 #: How long a shutdown waits for the kernel's reply, and then for its iopub copy.
 SHUTDOWN_WAIT, SHUTDOWN_GRACE = 3.0, 0.3
 
@@ -532,11 +537,27 @@ class Relay:
         if status == "ok" and inf.outputs.saw_error:
             status = "error"
         cut = inf.outputs.cut
+        notice = None if cut is None else cut_notice(cut)
+        if inf.idle is None:
+            notice = join(notice, f"The kernel answered this cell but never said it was idle; "
+                                  f"the relay ended the cell {END_GRACE:g} s after the answer. "
+                                  f"Output the kernel sends later is not in this cell's record.")
+        if inf.reply is None:
+            notice = join(notice, _REPLY_MISSING)
         self.host.finish_cell(status, inf.execution_count, outputs,
-                              dropped_chars=inf.outputs.dropped,
-                              notice=None if cut is None else cut_notice(cut),
-                              output_cut=cut)
+                              dropped_chars=inf.outputs.dropped, notice=notice,
+                              output_cut=cut, idle_missing=inf.idle is None,
+                              reply_missing=inf.reply is None)
         self._release(inf)
+        # Code in the kernel can keep either from coming; the frontend waits for both.
+        if inf.reply is None:
+            error = {"ename": "ReplyMissing", "evalue": _REPLY_MISSING,
+                     "traceback": [_REPLY_MISSING]}
+            self._compose(self.f_shell, inf.idents, "execute_reply",
+                          {"status": "error", "execution_count": inf.execution_count, **error},
+                          inf.header, self._reply_metadata("error"))
+        if inf.idle is None:
+            self._status("idle", inf.header)
         if reply.get("status") == "error" and inf.stop_on_error:
             self._abort_held(inf.header.get("subshell_id"))
         self._pump()

@@ -39,12 +39,20 @@ if TYPE_CHECKING:
     from .._models import Observation
     from ..lineage.statements import Prepared
 
-__all__ = ["INTERRUPT_GRACE", "LIVENESS_POLL", "CellRunner", "RunningCell", "join"]
+__all__ = ["IDLE_GRACE", "INTERRUPT_GRACE", "LIVENESS_POLL", "REPLY_GRACE", "CellRunner",
+           "RunningCell", "join"]
 
 #: Seconds the Host waits after interrupting a timed-out cell before restarting.
 INTERRUPT_GRACE = 1.5
-#: How often a waiting Host checks that the kernel process is still alive.
+#: How often a waiting Host checks that the kernel process is still alive (and, in a
+#: cell that has not gone idle by then, whether its execute_reply came).
 LIVENESS_POLL = 0.2
+#: Seconds the Host waits for a cell's ``idle`` once its execute_reply has come. ipykernel
+#: publishes it right after the reply; code in the kernel can keep it from ever coming,
+#: and the Host must not wait for it forever (the relay's END_GRACE does the same).
+IDLE_GRACE = 2.0
+#: Seconds the Host waits for a cell's execute_reply once its ``idle`` has come.
+REPLY_GRACE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +155,26 @@ class CellRunner:
                 lineage_body = self.cell_lineage(running, run.access,
                                                  prepared[0] if prepared else None)
                 notice = self._after_run(kernel, run, notice, timeout)
+                if run.idle_missing:
+                    notice = join(notice, f"The kernel answered this cell but never said it "
+                                          f"was idle; the Host ended the cell {IDLE_GRACE:g} s "
+                                          f"after the answer. Output the kernel sends later "
+                                          f"is not in this cell's record.")
+                if run.reply_missing:
+                    notice = join(notice, f"The kernel said this cell was idle but never "
+                                          f"answered it; the Host ended the cell "
+                                          f"{REPLY_GRACE:g} s later and recorded it as an "
+                                          f"error.")
                 outputs = [self.redactor.deep(o) for o in run.outputs]
                 body: dict[str, Any] = {
                     "cell_id": cell_id, "status": run.status,
                     "execution_count": run.execution_count,
                     "outputs": outputs, "duration": duration, "notice": notice,
                 }
+                if run.idle_missing:
+                    body["idle_missing"] = True
+                if run.reply_missing:
+                    body["reply_missing"] = True
                 if run.dropped_chars:
                     body["dropped_chars"] = run.dropped_chars
                 if run.output_cut is not None:
@@ -426,6 +448,7 @@ class CellRunner:
         deadline = None if timeout is None else now + timeout
         interrupted_at: float | None = None
         last_alive_check = now
+        replied_at: float | None = None  # when the execute_reply was seen, if before idle
         sent = False
         while True:
             try:
@@ -451,9 +474,16 @@ class CellRunner:
                     if not kernel.is_alive():
                         run.status = "kernel_died"
                         break
+                    if replied_at is None and self._took_reply(run, kc.shell_channel.socket):
+                        replied_at = now
+                if replied_at is not None and now - replied_at >= IDLE_GRACE:
+                    run.idle_missing = True
+                    break
                 wait = LIVENESS_POLL
                 if deadline is not None and interrupted_at is None:
                     wait = max(0.0, min(wait, deadline - now))
+                if replied_at is not None:
+                    wait = max(0.0, min(wait, replied_at + IDLE_GRACE - now))
                 if not iopub.poll(int(wait * 1000) + 1):
                     continue
                 reply = run.receive(iopub, outputs=collector)
@@ -488,21 +518,38 @@ class CellRunner:
         run.outputs = collector.final
         run.dropped_chars = collector.dropped
         run.output_cut = collector.cut
-        if run.status == "ok" and collector.saw_error:
+        if replied_at is None and not run.stuck and run.status != "kernel_died":
+            run.reply_missing = not self._drain_shell(run, kc.shell_channel.socket)
+        if run.status == "ok" and (collector.saw_error or run.reply_missing
+                                   or run.reply_status == "error"):
             run.status = "error"
         run.access = self.pending_access.pop(cell_id, None)
-        if not run.stuck and run.status != "kernel_died":
-            self._drain_shell(run, kc.shell_channel.socket)
         return run
 
     @staticmethod
-    def _drain_shell(run: CellRun, shell: Any) -> None:
+    def _took_reply(run: CellRun, shell: Any) -> bool:
+        """Whether the cell's execute_reply is on the shell socket (taken off it; its
+        ``status`` kept): asked only of a cell still not idle after LIVENESS_POLL."""
+        while shell.poll(0):
+            reply = run.receive(shell)
+            if reply is not None and reply["msg_type"] == "execute_reply":
+                status = reply["content"].get("status")
+                run.reply_status = status if isinstance(status, str) else None
+                return True
+        return False
+
+    @staticmethod
+    def _drain_shell(run: CellRun, shell: Any) -> bool:
         """Take the execute_reply off the shell socket so replies never pile up (it came
-        before the ``idle``, so it is normally there already)."""
-        deadline = time.monotonic() + 1.0
+        before the ``idle``, so it is normally there already; REPLY_GRACE at most). False
+        when it did not come: code in the kernel can keep it from being sent."""
+        deadline = time.monotonic() + REPLY_GRACE
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not shell.poll(int(left * 1000) + 1):
-                return
-            if run.receive(shell, content=False) is not None:
-                return
+                return False
+            reply = run.receive(shell)
+            if reply is not None and reply["msg_type"] == "execute_reply":
+                status = reply["content"].get("status")
+                run.reply_status = status if isinstance(status, str) else None
+                return True

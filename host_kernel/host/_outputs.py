@@ -123,6 +123,12 @@ class CellRun:
     def __init__(self, session: Any, msg_id: str) -> None:
         self.status: Status = "ok"
         self.stuck = False
+        #: The execute_reply came and the ``idle`` did not within IDLE_GRACE (_cells.py).
+        self.idle_missing = False
+        #: The execute_reply's ``status``, once the Host has read it.
+        self.reply_status: str | None = None
+        #: The idle came and the execute_reply did not within REPLY_GRACE (_cells.py).
+        self.reply_missing = False
         #: Ctrl-C reached the Host while the cell ran: recorded, then raised again.
         self.host_interrupted = False
         self.execution_count: int | None = None

@@ -226,8 +226,11 @@ class RelayHost(Host):
     def finish_cell(self, status: str, execution_count: int | None,
                     outputs: list[dict[str, Any]], *, dropped_chars: int = 0,
                     notice: str | None = None,
-                    output_cut: dict[str, Any] | None = None) -> None:
-        """Record the relayed cell's end: its status, execution count and outputs."""
+                    output_cut: dict[str, Any] | None = None,
+                    idle_missing: bool = False, reply_missing: bool = False) -> None:
+        """Record the relayed cell's end: its status, execution count and outputs
+        (``idle_missing``, ``reply_missing``: the relay ended it without the kernel's idle
+        status, or without its execute_reply)."""
         relayed = self._cell
         if relayed is None:
             return
@@ -242,6 +245,10 @@ class RelayHost(Host):
             "outputs": [self.redactor.deep(o) for o in outputs],
             "duration": time.monotonic() - relayed.started, "notice": notice,
         }
+        if idle_missing:
+            body["idle_missing"] = True
+        if reply_missing:
+            body["reply_missing"] = True
         if dropped_chars:
             body["dropped_chars"] = dropped_chars
         if output_cut:

@@ -1,0 +1,96 @@
+"""A cell whose kernel answers but never says it is idle: the Host does not wait forever.
+
+ipykernel publishes a cell's ``idle`` status right after its execute_reply, but code in
+the kernel can stop it (here by replacing the kernel's ``_publish_status``). Before
+IDLE_GRACE existed, ``Host.execute`` waited for that idle with no end: one line of a
+cell wedged the Host. These cells are the ones that did.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from _helpers import DROP_REPLY, MUTE_IDLE
+from _tracing_helpers import finished
+
+from host_kernel import Host
+from host_kernel.audit import audit
+from host_kernel.host._cells import IDLE_GRACE, REPLY_GRACE
+
+#: A safety net: without the grace, the old Host interrupted and restarted the kernel
+#: here (status "timeout", a new generation), which the assertions below reject.
+NET = 60.0
+
+
+def test_a_cell_that_mutes_its_idle_ends_after_the_grace_and_says_so(workdir: Path) -> None:
+    with Host(workdir) as h:
+        t0 = time.monotonic()
+        muted = h.execute(MUTE_IDLE + "print('still here')", timeout=NET)
+        took = time.monotonic() - t0
+        assert muted.status == "ok", muted.text
+        assert muted.generation == 1
+        assert IDLE_GRACE <= took < NET / 2
+        assert "never said it was idle" in (muted.notice or "")
+        assert [o.get("text") for o in muted.outputs] == ["still here\n"]
+        assert finished(h, muted)["idle_missing"] is True
+
+        # The kernel still runs cells; an error is still an error; its state survived.
+        later = h.execute("print(k is get_ipython().kernel)", timeout=NET)
+        assert later.status == "ok" and later.generation == 1
+        assert later.outputs[0]["text"] == "True\n"
+        failed = h.execute("1/0", timeout=NET)
+        assert failed.status == "error" and failed.generation == 1
+        assert finished(h, failed)["idle_missing"] is True
+
+        # Put back, cells end on their idle again, with nothing flagged.
+        h.execute("k._publish_status = _publish", timeout=NET)
+        t0 = time.monotonic()
+        plain = h.execute("pass", timeout=NET)
+        assert time.monotonic() - t0 < IDLE_GRACE
+        assert plain.notice is None
+        assert "idle_missing" not in finished(h, plain)
+    report = audit(h.record_dir)
+    assert report.clean, [str(f) for f in report.findings]
+
+
+def test_a_cell_whose_idle_comes_late_keeps_the_output_sent_before_it(workdir: Path) -> None:
+    """Under the grace, a late idle is waited for: output sent between the reply and the
+    idle (a background thread's) is the cell's."""
+    code = (MUTE_IDLE
+            + "import threading, time\n"
+            "from IPython.display import display\n"
+            "def _late(parent=k.get_parent()):\n"
+            "    time.sleep(0.5)\n"
+            "    k.session.send(k.iopub_socket, 'stream', {'name': 'stdout', 'text': 'late\\n'},\n"
+            "                   parent=parent, ident=k._topic('stream'))\n"
+            "    k._publish_status = _publish\n"
+            "    _publish('idle', 'shell', parent)\n"
+            "threading.Thread(target=_late).start()\n")
+    with Host(workdir) as h:
+        t0 = time.monotonic()
+        obs = h.execute(code, timeout=NET)
+        took = time.monotonic() - t0
+        assert obs.status == "ok", obs.text
+        assert 0.5 <= took < IDLE_GRACE + 0.5
+        assert obs.notice is None
+        assert "late\n" in [o.get("text") for o in obs.outputs]
+        assert "idle_missing" not in finished(h, obs)
+
+
+def test_a_cell_that_drops_its_reply_ends_at_its_idle_as_an_error(workdir: Path) -> None:
+    """The other half: code that keeps the kernel's execute_reply from being sent. The
+    Host ends the cell REPLY_GRACE after its idle and records an error saying why."""
+    with Host(workdir) as h:
+        t0 = time.monotonic()
+        obs = h.execute(DROP_REPLY + "print('dropped')", timeout=NET)
+        assert REPLY_GRACE <= time.monotonic() - t0 < NET / 2
+        assert obs.status == "error" and obs.generation == 1
+        assert "never answered it" in (obs.notice or "")
+        assert finished(h, obs)["reply_missing"] is True
+        assert [o.get("text") for o in obs.outputs] == ["dropped\n"]
+        after = h.execute("print('back')", timeout=NET)  # the cell put send back
+        assert after.status == "ok" and after.notice is None
+        assert "reply_missing" not in finished(h, after)
+    report = audit(h.record_dir)
+    assert report.clean, [str(f) for f in report.findings]
