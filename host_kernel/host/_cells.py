@@ -529,8 +529,12 @@ class CellRunner:
     @staticmethod
     def _took_reply(run: CellRun, shell: Any) -> bool:
         """Whether the cell's execute_reply is on the shell socket (taken off it; its
-        ``status`` kept): asked only of a cell still not idle after LIVENESS_POLL."""
-        while shell.poll(0):
+        ``status`` kept): asked only of a cell still not idle after LIVENESS_POLL. Reads
+        at most 256 messages a time, so a kernel sending without end cannot hold the Host
+        here (the next look is LIVENESS_POLL later)."""
+        for _ in range(256):
+            if not shell.poll(0):
+                return False
             reply = run.receive(shell)
             if reply is not None and reply["msg_type"] == "execute_reply":
                 status = reply["content"].get("status")
