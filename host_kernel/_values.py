@@ -125,6 +125,9 @@ class Receipt(Displayed):
     workspace_manifest_sha256: str | None = None
     workspace_manifest_files: int = 0
     shadowed_modules: tuple[str, ...] = ()
+    #: How the Host started it: ``"bash"`` (``bash -c command``) or ``"exec"`` (a plain
+    #: line's program exec'd as bash would, docs/receipts.md); None in older receipts.
+    via: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -160,6 +160,7 @@ def test_a_plain_line_does_what_bash_would(host: Host, line: str,
     assert decided[-1] is not None, "the line was not run directly"
     bashed, bash_out, bash_err = _run(host, _quoted(line))
     assert decided[-1] is None, "the quoted line was not left to bash"
+    assert (direct["via"], bashed["via"]) == ("exec", "bash")
     assert (direct["exit_status"], direct["signal"]) == (bashed["exit_status"],
                                                           bashed["signal"])
     # env prints in its environment's order, which bash chooses: compare the lines.
@@ -177,6 +178,7 @@ def test_what_only_bash_can_run_or_report_still_goes_through_bash(
         host: Host, line: str, status: int) -> None:
     body, out, err = _run(host, line)
     assert body["exit_status"] == status, (out, err)
+    assert body["via"] == "bash"
     assert ("plain script" in out) == (line == "./plain")
     assert status == 0 or "bash" in err
 

@@ -516,6 +516,7 @@ def run_command(command: str, cwd: Path, env: dict[str, str], timeout: float | N
         "workspace_manifest_files": len(found.manifest),
         "workspace_manifest_scope": "changes",
         "shadowed_modules": shadowed,
+        "via": "bash" if direct is None else "exec",
     } | ({"start_error": proc.error} if getattr(proc, "error", None) else {}) | (
         {} if traced is None else {"traced": traced})
 
