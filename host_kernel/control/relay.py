@@ -80,7 +80,8 @@ CELL_MODULES = ("host_kernel.lineage.flow", "host_kernel.lineage.statements",
 #: How often the kernel process is checked for life.
 LIVENESS_EVERY = 0.25
 #: After a cell's execute_reply (or idle status), how long to wait for the other one
-#: before finishing the cell anyway.
+#: before finishing the cell anyway, counted from the cell's last IOPub message too (a
+#: backlog of its output still being relayed ends with its idle).
 END_GRACE = 1.0
 #: A cell's notice (and the error the frontend is answered with) when the kernel said the
 #: cell was idle but never answered it.
@@ -110,10 +111,12 @@ class _Inflight:
     reply: Frames | None = None  # held until the cell is recorded
     idle: Frames | None = None   # likewise
     first_end: float = 0.0      # when the first of the two arrived
+    last_heard: float = 0.0     # when the last IOPub message of the cell arrived
 
     def ended(self) -> bool:
         both = self.reply is not None and self.idle is not None
-        return both or (self.first_end > 0 and time.monotonic() - self.first_end > END_GRACE)
+        return both or (self.first_end > 0 and time.monotonic()
+                        - max(self.first_end, self.last_heard) > END_GRACE)
 
 
 @dataclass(slots=True)
@@ -463,6 +466,7 @@ class Relay:
         if inf is None or msg.part(1).get("msg_id") != inf.msg_id:
             self._to_front(self.f_iopub, msg.idents, msg)
             return
+        inf.last_heard = time.monotonic()
         if kind == "status" and msg.part(3).get("execution_state") == "idle":
             inf.idle = msg
             inf.first_end = inf.first_end or time.monotonic()

@@ -47,9 +47,10 @@ INTERRUPT_GRACE = 1.5
 #: How often a waiting Host checks that the kernel process is still alive (and, in a
 #: cell that has not gone idle by then, whether its execute_reply came).
 LIVENESS_POLL = 0.2
-#: Seconds the Host waits for a cell's ``idle`` once its execute_reply has come. ipykernel
-#: publishes it right after the reply; code in the kernel can keep it from ever coming,
-#: and the Host must not wait for it forever (the relay's END_GRACE does the same).
+#: Seconds the Host waits for a cell's ``idle`` once its execute_reply has come and IOPub
+#: has gone quiet. ipykernel publishes it right after the reply; code in the kernel can
+#: keep it from ever coming, and the Host must not wait for it forever (the relay's
+#: END_GRACE does the same).
 IDLE_GRACE = 2.0
 #: Seconds the Host waits for a cell's execute_reply once its ``idle`` has come.
 REPLY_GRACE = 1.0
@@ -449,6 +450,7 @@ class CellRunner:
         interrupted_at: float | None = None
         last_alive_check = now
         replied_at: float | None = None  # when the execute_reply was seen, if before idle
+        heard_at = now  # when IOPub last had a message: the grace counts from both
         sent = False
         while True:
             try:
@@ -476,16 +478,20 @@ class CellRunner:
                         break
                     if replied_at is None and self._took_reply(run, kc.shell_channel.socket):
                         replied_at = now
-                if replied_at is not None and now - replied_at >= IDLE_GRACE:
+                # The grace runs from the reply and from IOPub's last message: a Host
+                # reading a backlog of output late (a loaded machine) is still being
+                # sent the cell's messages, its idle at their end.
+                if replied_at is not None and now - max(replied_at, heard_at) >= IDLE_GRACE:
                     run.idle_missing = True
                     break
                 wait = LIVENESS_POLL
                 if deadline is not None and interrupted_at is None:
                     wait = max(0.0, min(wait, deadline - now))
                 if replied_at is not None:
-                    wait = max(0.0, min(wait, replied_at + IDLE_GRACE - now))
+                    wait = max(0.0, min(wait, max(replied_at, heard_at) + IDLE_GRACE - now))
                 if not iopub.poll(int(wait * 1000) + 1):
                     continue
+                heard_at = time.monotonic()
                 reply = run.receive(iopub, outputs=collector)
                 if reply is None:
                     continue
