@@ -544,8 +544,9 @@ class Relay:
         notice = None if cut is None else cut_notice(cut)
         if inf.idle is None:
             notice = join(notice, f"The kernel answered this cell but never said it was idle; "
-                                  f"the relay ended the cell {END_GRACE:g} s after the answer. "
-                                  f"Output the kernel sends later is not in this cell's record.")
+                                  f"the relay ended the cell once the kernel had sent nothing "
+                                  f"for {END_GRACE:g} s after the answer. Output the kernel "
+                                  f"sends later is not in this cell's record.")
         if inf.reply is None:
             notice = join(notice, _REPLY_MISSING)
         self.host.finish_cell(status, inf.execution_count, outputs,

@@ -158,9 +158,10 @@ class CellRunner:
                 notice = self._after_run(kernel, run, notice, timeout)
                 if run.idle_missing:
                     notice = join(notice, f"The kernel answered this cell but never said it "
-                                          f"was idle; the Host ended the cell {IDLE_GRACE:g} s "
-                                          f"after the answer. Output the kernel sends later "
-                                          f"is not in this cell's record.")
+                                          f"was idle; the Host ended the cell once the kernel "
+                                          f"had sent nothing for {IDLE_GRACE:g} s after the "
+                                          f"answer. Output the kernel sends later is not in "
+                                          f"this cell's record.")
                 if run.reply_missing:
                     notice = join(notice, f"The kernel said this cell was idle but never "
                                           f"answered it; the Host ended the cell "
