@@ -50,8 +50,9 @@ LIVENESS_POLL = 0.2
 #: Seconds the Host waits for a cell's ``idle`` once its execute_reply has come and IOPub
 #: has gone quiet. ipykernel publishes it right after the reply; code in the kernel can
 #: keep it from ever coming, and the Host must not wait for it forever (the relay's
-#: END_GRACE does the same).
-IDLE_GRACE = 2.0
+#: END_GRACE does the same). Generous: only a kernel that leaves its idle out pays it,
+#: and a starved IOPub thread on a loaded machine must not be taken for one.
+IDLE_GRACE = 5.0
 #: Seconds the Host waits for a cell's execute_reply once its ``idle`` has come.
 REPLY_GRACE = 1.0
 
