@@ -143,3 +143,34 @@ def test_the_relays_grace_also_counts_from_the_cells_last_iopub_message() -> Non
     assert not cell.ended()
     cell.last_heard = now - END_GRACE - 0.5  # quiet for the whole grace
     assert cell.ended()
+
+
+class _Flood:
+    """A shell socket a kernel floods without end: always a message ready, never the
+    cell's reply (nothing a Session can even read)."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def poll(self, timeout: int = 0) -> bool:
+        return True
+
+    def recv_multipart(self) -> list[bytes]:
+        self.read += 1
+        if self.read > 2_000_000:  # the bound is gone: fail instead of looping for ever
+            raise AssertionError("read without end")
+        return [b"not a jupyter message"]
+
+
+def test_a_shell_flood_holds_the_host_neither_at_a_look_nor_at_the_drain() -> None:
+    from jupyter_client.session import Session
+
+    run = CellRun(Session(key=b"k"), "the-cell")
+    flood = _Flood()
+    assert _cells.CellRunner._take_reply(run, flood, 0.0, most=256) is False
+    assert flood.read == 256  # a look at a busy cell reads at most 256
+    flood = _Flood()
+    t0 = time.monotonic()
+    assert _cells.CellRunner._take_reply(run, flood, 0.2) is False
+    assert time.monotonic() - t0 < 5  # the drain after the idle ends at its grace
+    assert run.reply_status is None

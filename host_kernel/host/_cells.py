@@ -478,7 +478,10 @@ class CellRunner:
                     if not kernel.is_alive():
                         run.status = "kernel_died"
                         break
-                    if replied_at is None and self._took_reply(run, kc.shell_channel.socket):
+                    # A cell not idle by now: has its reply come (read at most 256
+                    # messages a look, so a kernel sending without end cannot hold us)?
+                    if replied_at is None and self._take_reply(run, kc.shell_channel.socket,
+                                                               0.0, most=256):
                         replied_at = now
                 # The grace runs from the reply and from IOPub's last message: a Host
                 # reading a backlog of output late (a loaded machine) is still being
@@ -527,7 +530,8 @@ class CellRunner:
         run.dropped_chars = collector.dropped
         run.output_cut = collector.cut
         if replied_at is None and not run.stuck and run.status != "kernel_died":
-            run.reply_missing = not self._drain_shell(run, kc.shell_channel.socket)
+            # Normally there already: it came before the idle.
+            run.reply_missing = not self._take_reply(run, kc.shell_channel.socket, REPLY_GRACE)
         if run.status == "ok" and (collector.saw_error or run.reply_missing
                                    or run.reply_status == "error"):
             run.status = "error"
@@ -535,33 +539,24 @@ class CellRunner:
         return run
 
     @staticmethod
-    def _took_reply(run: CellRun, shell: Any) -> bool:
-        """Whether the cell's execute_reply is on the shell socket (taken off it; its
-        ``status`` kept): asked only of a cell still not idle after LIVENESS_POLL. Reads
-        at most 256 messages a time, so a kernel sending without end cannot hold the Host
-        here (the next look is LIVENESS_POLL later)."""
-        for _ in range(256):
-            if not shell.poll(0):
+    def _take_reply(run: CellRun, shell: Any, wait: float, most: int | None = None) -> bool:
+        """Take the cell's execute_reply off the shell socket (its ``status`` kept); False
+        when it is not there within ``wait`` seconds (0: only what is there now), or
+        within ``most`` messages. Other messages read meanwhile (a stale reply) are
+        dropped, so replies never pile up. Code in the kernel can keep the reply from
+        being sent, or send without end: both bounds hold either way."""
+        deadline = time.monotonic() + wait
+        taken = 0
+        while most is None or taken < most:
+            left = deadline - time.monotonic()
+            if wait > 0 and left <= 0:
                 return False
+            if not shell.poll(int(left * 1000) + 1 if left > 0 else 0):
+                return False
+            taken += 1
             reply = run.receive(shell)
             if reply is not None and reply["msg_type"] == "execute_reply":
                 status = reply["content"].get("status")
                 run.reply_status = status if isinstance(status, str) else None
                 return True
         return False
-
-    @staticmethod
-    def _drain_shell(run: CellRun, shell: Any) -> bool:
-        """Take the execute_reply off the shell socket so replies never pile up (it came
-        before the ``idle``, so it is normally there already; REPLY_GRACE at most). False
-        when it did not come: code in the kernel can keep it from being sent."""
-        deadline = time.monotonic() + REPLY_GRACE
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not shell.poll(int(left * 1000) + 1):
-                return False
-            reply = run.receive(shell)
-            if reply is not None and reply["msg_type"] == "execute_reply":
-                status = reply["content"].get("status")
-                run.reply_status = status if isinstance(status, str) else None
-                return True
